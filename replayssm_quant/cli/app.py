@@ -1,0 +1,48 @@
+"""The ``replayssm-quant`` command. Each subcommand lives in its own module and registers
+itself on ``app``; this file only assembles them."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="replayssm-quant",
+    help="Pick the lowest SSM-state precision that keeps a hybrid model accurate, "
+    "and decode with it fast (ReplaySSM).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+@app.callback()
+def _root() -> None:
+    """Pick the lowest SSM-state precision that keeps a hybrid model accurate, and decode with
+    it fast (ReplaySSM)."""
+
+
+# Subcommand modules; each defines `register(app)`.
+_COMMANDS = ("configs", "drift", "eval", "recommend", "report", "gate")
+
+
+def _load() -> None:
+    for name in _COMMANDS:
+        try:
+            mod = importlib.import_module(f"replayssm_quant.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"replayssm_quant.cli.{name}":
+                continue  # command not built into this install
+            raise
+        mod.register(app)
+
+
+_load()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

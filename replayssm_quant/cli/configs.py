@@ -1,0 +1,67 @@
+"""``replayssm-quant configs``: the presets with their state traffic per decode step."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..precision import PRESETS, SHAPES, parse_config, resolve_shape, step_bytes
+
+
+def configs_table(shape_name: str, extra: list[str] | None = None) -> list[dict]:
+    """One row per preset (plus extra config strings) for ``shape_name``."""
+    shape = resolve_shape(shape_name)
+    base = step_bytes(PRESETS["fp32"], shape).window_average
+    cfgs = list(PRESETS.values()) + [parse_config(c) for c in (extra or [])]
+    rows = []
+    for cfg in cfgs:
+        b = step_bytes(cfg, shape)
+        rows.append({
+            "name": cfg.label, "config": str(cfg), "shape": shape.name,
+            "bytes_per_step": b.window_average, "nonflush_bytes": b.nonflush,
+            "flush_bytes": b.flush, "state_bytes_per_seq": b.state_bytes,
+            "traffic_vs_fp32": b.window_average / base,
+        })
+    return rows
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, div in (("MiB", 2**20), ("KiB", 2**10)):
+        if b >= div:
+            return f"{b / div:,.2f} {unit}"
+    return f"{b:,.0f} B"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("configs")
+    def configs(
+        shape: Annotated[str, typer.Option(
+            help=f"Layer shape for the byte counts: {', '.join(SHAPES)}")] = "nemotron-3-super",
+        config: Annotated[list[str] | None, typer.Option(
+            "--config", "-c", help="Extra config strings to list, e.g. 'ckpt=fp16:sr,read=fp8,L=8'")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    ) -> None:
+        """List the precision presets with their state bytes per decode step (one layer, one
+        sequence) and traffic relative to conventional FP32 decoding."""
+        try:
+            rows = configs_table(shape, config)
+        except ValueError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        t = Table(title=f"State traffic per decode step, one layer of {rows[0]['shape']}")
+        for col in ("preset", "config", "bytes/step (window avg)", "non-flush", "flush",
+                    "vs conventional FP32"):
+            t.add_column(col, justify="left" if col in ("preset", "config") else "right",
+                         no_wrap=True)
+        for r in rows:
+            t.add_row(r["name"], r["config"], _fmt_bytes(r["bytes_per_step"]),
+                      _fmt_bytes(r["nonflush_bytes"]), _fmt_bytes(r["flush_bytes"]),
+                      f"{r['traffic_vs_fp32']:.3f}")
+        Console(width=max(Console().width, 132)).print(t)

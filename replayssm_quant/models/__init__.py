@@ -1,0 +1,3 @@
+from .fixture import FIXTURES, fixture, fixture_path
+
+__all__ = ["FIXTURES", "fixture", "fixture_path"]
