@@ -1,0 +1,264 @@
+"""Decode-step kernel benchmark (CUDA): time per step for every precision config on the paper
+shapes, counted state bytes, achieved bandwidth as a fraction of a device-to-device copy
+measured in the same run, and the ratio to our conventional FP32 step.
+
+    python benchmarks/decode.py --out reports/kernels            # full sweep
+    python benchmarks/decode.py --batch 256 --L 16 --quick        # one batch, one L
+
+Each measurement replays a CUDA graph: a whole window of L steps (window average), one flush
+step (cursor held at L-1), and the non-flush average derived from the two. Inputs are fresh
+random values (never zeros) and differ per step of the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from replayssm_quant import formats as F  # noqa: E402
+from replayssm_quant.kernels.cache import alloc_gdn_cache, alloc_mamba2_cache  # noqa: E402
+from replayssm_quant.kernels.gdn import gdn_decode_step  # noqa: E402
+from replayssm_quant.kernels.mamba2 import mamba2_decode_step  # noqa: E402
+from replayssm_quant.precision import PRESETS, SHAPES, ModelShape, step_bytes  # noqa: E402
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second, after a 1 s warm-up."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    t_end = time.time() + 1.0
+    while time.time() < t_end:
+        b.copy_(a)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    times.sort()
+    return 2 * a.numel() * 4 / times[len(times) // 2]
+
+
+def time_graph(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median seconds per call of ``fn`` captured in a CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # compile + warm outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(warmup):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        g.replay()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _fill_state(cache, gen_scale: float = 0.05) -> None:
+    """Random fp32 state written through the reference quantizers (ckpt + read copy)."""
+    st = cache.ckpt.data
+    d = st.shape[-1] * (2 if cache.ckpt.fmt == "nvfp4" else 1)
+    S = torch.randn(*st.shape[:-1], d, device=st.device) * gen_scale
+    q = F.quantize(S, cache.cfg.ckpt, "rn")
+    _copy_q(cache.ckpt, q)
+    if cache.read is not None:
+        _copy_q(cache.read, F.quantize(F.dequantize(q), cache.cfg.read, "rn"))
+    for t in cache.ring.values():
+        t.copy_(torch.randn_like(t, dtype=torch.float32).abs().mul_(0.01).to(t.dtype))
+
+
+def _copy_q(st, q) -> None:
+    st.data.copy_(q.data)
+    if st.row_scale is not None:
+        st.row_scale.copy_(q.row_scale)
+    if st.block_scale is not None:
+        st.block_scale.copy_(q.block_scale)
+
+
+class Workload:
+    """A layer's cache plus L steps of fresh random inputs for one (shape, batch, config)."""
+
+    def __init__(self, shape: ModelShape, batch: int, cfg, steps: int, spec: int = 0):
+        self.shape, self.batch, self.cfg = shape, batch, cfg
+        dev = "cuda"
+        self.slots = torch.arange(batch, dtype=torch.int32, device=dev)
+        H, P, N, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
+        if shape.kind == "mamba2":
+            self.cache = alloc_mamba2_cache(cfg, batch, H, P, N, G, spec_tokens=spec,
+                                            act_dtype=torch.bfloat16, device=dev, seed=1)
+            self.A = -torch.empty(H, device=dev).uniform_(1, 16)
+            self.D = torch.randn(H, device=dev)
+            self.inputs = [dict(
+                x=torch.randn(batch, H, P, device=dev, dtype=torch.bfloat16),
+                dt=torch.empty(batch, H, device=dev).uniform_(1e-3, 1e-1),
+                Bm=(torch.randn(batch, G, N, device=dev) / N**0.5).to(torch.bfloat16),
+                C=(torch.randn(batch, G, N, device=dev) / N**0.5).to(torch.bfloat16),
+            ) for _ in range(steps)]
+        else:
+            self.cache = alloc_gdn_cache(cfg, batch, H, P, N, G, spec_tokens=spec,
+                                         act_dtype=torch.bfloat16, device=dev, seed=1)
+            nrm = torch.nn.functional.normalize
+            self.inputs = [dict(
+                q=(nrm(torch.randn(batch, G, N, device=dev), dim=-1) * N**-0.5).to(torch.bfloat16),
+                k=nrm(torch.randn(batch, G, N, device=dev), dim=-1).to(torch.bfloat16),
+                v=torch.randn(batch, H, P, device=dev, dtype=torch.bfloat16),
+                g=torch.log(torch.empty(batch, H, device=dev).uniform_(0.9, 0.9999)),
+                beta=torch.rand(batch, H, device=dev),
+            ) for _ in range(steps)]
+        _fill_state(self.cache)
+
+    def step(self, i: int, advance: bool = True, **kw):
+        a = self.inputs[i % len(self.inputs)]
+        if self.shape.kind == "mamba2":
+            return mamba2_decode_step(self.cache, a["x"], a["dt"], self.A, a["Bm"], a["C"],
+                                      self.D, self.slots, advance=advance, **kw)
+        return gdn_decode_step(self.cache, a["q"], a["k"], a["v"], a["g"], a["beta"],
+                               self.slots, advance=advance, **kw)
+
+
+def measure(shape: ModelShape, batch: int, cfg, reps: int, **kw) -> dict:
+    L = cfg.L
+    w = Workload(shape, batch, cfg, steps=max(L, 2))
+    if L == 1:
+        t = time_graph(lambda: w.step(0, **kw), reps)
+        return dict(window_us=t * 1e6, nonflush_us=t * 1e6, flush_us=t * 1e6)
+    w.cache.cursor.zero_()
+
+    def window():
+        for i in range(L):
+            w.step(i, **kw)
+
+    t_win = time_graph(window, reps) / L
+    w.cache.cursor.fill_(L - 1)
+    t_fl = time_graph(lambda: w.step(L - 1, advance=False, **kw), reps)
+    t_nf = (t_win * L - t_fl) / (L - 1)
+    return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6)
+
+
+def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
+    """FLA's fused recurrent GDN decode (one token, FP32 state in vLLM's (V, K) layout)."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception:  # noqa: BLE001 - a peer that is not installed is skipped
+        return None
+    H, V, K, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
+    dev = "cuda"
+    nrm = torch.nn.functional.normalize
+    q = nrm(torch.randn(batch, 1, G, K, device=dev), dim=-1).to(torch.bfloat16)
+    k = nrm(torch.randn(batch, 1, G, K, device=dev), dim=-1).to(torch.bfloat16)
+    v = torch.randn(batch, 1, H, V, device=dev, dtype=torch.bfloat16)
+    g = torch.log(torch.empty(batch, 1, H, device=dev).uniform_(0.9, 0.9999))
+    beta = torch.rand(batch, 1, H, device=dev).to(torch.bfloat16)
+    h0 = torch.randn(batch, H, V, K, device=dev) * 0.05
+
+    def step():
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=K**-0.5, initial_state=h0,
+                                         output_final_state=True, state_v_first=True)
+
+    return time_graph(step, reps) * 1e6
+
+
+def configs_for(Ls: list[int]) -> list:
+    out = []
+    for cfg in PRESETS.values():
+        if cfg.L == 1:
+            out.append(cfg)
+            continue
+        for L in Ls:
+            c = replace(cfg, L=L, name=cfg.name if L == cfg.L else f"{cfg.name}@L{L}")
+            out.append(c)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--batch", type=int, nargs="*", default=[1, 64, 256, 512])
+    ap.add_argument("--L", type=int, nargs="*", default=[8, 16])
+    ap.add_argument("--configs", nargs="*", default=None, help="preset names (default: all)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=os.environ.get("OUT", "reports/kernels"))
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = copy_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
+    cfgs = configs_for(args.L)
+    if args.configs:
+        cfgs = [c for c in cfgs if c.label in args.configs or c.label.split("@")[0] in args.configs]
+    rows = []
+    for sname in args.shapes:
+        shape = SHAPES[sname]
+        for batch in args.batch:
+            base = None
+            for cfg in cfgs:
+                t0 = time.time()
+                m = measure(shape, batch, cfg, args.reps)
+                sb = step_bytes(cfg, shape)
+                row = dict(shape=sname, kind=shape.kind, batch=batch, config=cfg.label,
+                           config_string=str(cfg), L=cfg.L, **m,
+                           bytes_per_step=sb.window_average * batch,
+                           nonflush_bytes=sb.nonflush * batch, flush_bytes=sb.flush * batch)
+                row["bw_frac_window"] = row["bytes_per_step"] / (m["window_us"] * 1e-6) / bw
+                row["bw_frac_nonflush"] = row["nonflush_bytes"] / (m["nonflush_us"] * 1e-6) / bw
+                row["bw_frac_flush"] = row["flush_bytes"] / (m["flush_us"] * 1e-6) / bw
+                if cfg.label == "fp32":
+                    base = m["window_us"]
+                row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
+                rows.append(row)
+                print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
+                      f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "
+                      f"bw {row['bw_frac_window']:.2f} x{row['speedup_vs_conv_fp32']:.2f} "
+                      f"({time.time() - t0:.1f}s)", flush=True)
+            if shape.kind == "gdn":
+                t = measure_fla(shape, batch, args.reps)
+                if t is not None:
+                    sb = step_bytes(PRESETS["fp32"], shape)
+                    rows.append(dict(shape=sname, kind="gdn", batch=batch, config="fla-fused-recurrent",
+                                     config_string="FLA fused_recurrent_gated_delta_rule fp32 state",
+                                     L=1, window_us=t, nonflush_us=t, flush_us=t,
+                                     bytes_per_step=sb.window_average * batch,
+                                     bw_frac_window=sb.window_average * batch / (t * 1e-6) / bw,
+                                     speedup_vs_conv_fp32=base / t if base else float("nan")))
+                    print(f"{sname:22s} B={batch:4d} FLA fused recurrent     {t:9.1f}us", flush=True)
+    meta = dict(device=dev, copy_bandwidth=bw, torch=torch.__version__,
+                triton=__import__("triton").__version__, argv=sys.argv)
+    (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    import csv
+
+    keys = sorted({k for r in rows for k in r})
+    with open(out / "decode.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=keys)
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"wrote {out / 'decode.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

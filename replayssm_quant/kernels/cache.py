@@ -1,0 +1,155 @@
+"""The device-side replay cache of one SSM layer: checkpoint, read copy, ring and cursor.
+
+Kernels address every tensor as ``tensor[slot]`` with a slot stride and a contiguous inner
+layout, so the same kernels run on freshly allocated caches and on strided views cut from one
+page per cache slot (vLLM). Layouts follow vLLM 0.33's Mamba-2 ring: ``x (H, cap, P)``,
+``dt (H, cap)`` fp32 post-softplus, ``B (G, cap, N)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..formats import canonical_format
+from ..precision import PrecisionConfig
+
+_STORAGE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+            "fp8e4m3": torch.float8_e4m3fn, "nvfp4": torch.uint8}
+
+
+@dataclass
+class StateTensors:
+    """One stored state (checkpoint or read copy): data + optional row/block scales.
+
+    data: ``(slots, heads, rows, d)`` (``d // 2`` bytes for nvfp4); row_scale ``(slots, heads,
+    rows)`` fp32 (fp8, nvfp4); block_scale ``(slots, heads, rows, d // 16)`` E4M3 (nvfp4).
+    """
+
+    fmt: str
+    data: torch.Tensor
+    row_scale: torch.Tensor | None = None
+    block_scale: torch.Tensor | None = None
+
+
+def alloc_state(fmt: str, slots: int, heads: int, rows: int, d: int,
+                device: torch.device | str) -> StateTensors:
+    f = canonical_format(fmt).name
+    if f == "nvfp4":
+        return StateTensors(
+            f, torch.zeros(slots, heads, rows, d // 2, dtype=torch.uint8, device=device),
+            torch.zeros(slots, heads, rows, dtype=torch.float32, device=device),
+            torch.zeros(slots, heads, rows, d // 16, dtype=torch.float8_e4m3fn, device=device))
+    data = torch.zeros(slots, heads, rows, d, dtype=_STORAGE[f], device=device)
+    rs = torch.zeros(slots, heads, rows, dtype=torch.float32, device=device) if f == "fp8e4m3" else None
+    return StateTensors(f, data, rs)
+
+
+@dataclass
+class ReplayCache:
+    """Everything one layer keeps per cache slot for ReplaySSM decode.
+
+    ``ring`` maps names to ring tensors (Mamba-2: ``x``, ``dt``, ``B``; GDN: ``k``, ``u``,
+    ``g`` and, when the flush recomputes u, ``v``, ``beta``). ``cursor`` counts committed
+    records since the checkpoint; ``flush_index`` counts checkpoint writes (SR key);
+    ``nan_count`` accumulates NaNs written to the state.
+    """
+
+    cfg: PrecisionConfig
+    kind: str
+    ckpt: StateTensors
+    read: StateTensors | None
+    ring: dict[str, torch.Tensor]
+    cursor: torch.Tensor
+    flush_index: torch.Tensor
+    nan_count: torch.Tensor
+    capacity: int
+    layer: int = 0
+    seed: int = 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"ckpt": self.ckpt.data, "cursor": self.cursor, "flush_index": self.flush_index}
+        out.update({f"ring.{k}": v for k, v in self.ring.items()})
+        if self.read is not None:
+            out["read"] = self.read.data
+        return out
+
+
+def alloc_mamba2_cache(cfg: PrecisionConfig, slots: int, heads: int, head_dim: int, d_state: int,
+                       groups: int, *, spec_tokens: int = 0, act_dtype=torch.bfloat16,
+                       device="cuda", layer: int = 0, seed: int = 0) -> ReplayCache:
+    """Allocate a Mamba-2 replay cache (ring capacity L + spec_tokens; none for L = 1)."""
+    cap = cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+    ring = {
+        "x": torch.zeros(slots, heads, max(cap, 1), head_dim, dtype=act_dtype, device=device),
+        "dt": torch.zeros(slots, heads, max(cap, 1), dtype=torch.float32, device=device),
+        "B": torch.zeros(slots, groups, max(cap, 1), d_state, dtype=act_dtype, device=device),
+    }
+    return ReplayCache(
+        cfg, "mamba2", alloc_state(cfg.ckpt.name, slots, heads, head_dim, d_state, device),
+        alloc_state(cfg.read.name, slots, heads, head_dim, d_state, device) if cfg.read else None,
+        ring, torch.zeros(slots, dtype=torch.int32, device=device),
+        torch.zeros(slots, dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device), cap, layer, seed)
+
+
+def alloc_gdn_cache(cfg: PrecisionConfig, slots: int, v_heads: int, d_v: int, d_k: int,
+                    k_heads: int, *, spec_tokens: int = 0, act_dtype=torch.bfloat16,
+                    device="cuda", layer: int = 0, seed: int = 0) -> ReplayCache:
+    """Allocate a GDN replay cache; u is kept in fp32 (it feeds the recurrence unless the
+    flush recomputes it), v and beta only when the flush recomputes u."""
+    cap = cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+    c = max(cap, 1)
+    ring = {
+        "k": torch.zeros(slots, k_heads, c, d_k, dtype=act_dtype, device=device),
+        "u": torch.zeros(slots, v_heads, c, d_v, dtype=torch.float32, device=device),
+        "g": torch.zeros(slots, v_heads, c, dtype=torch.float32, device=device),
+    }
+    if cfg.recompute_u:
+        ring["v"] = torch.zeros(slots, v_heads, c, d_v, dtype=act_dtype, device=device)
+        ring["beta"] = torch.zeros(slots, v_heads, c, dtype=torch.float32, device=device)
+    return ReplayCache(
+        cfg, "gdn", alloc_state(cfg.ckpt.name, slots, v_heads, d_v, d_k, device),
+        alloc_state(cfg.read.name, slots, v_heads, d_v, d_k, device) if cfg.read else None,
+        ring, torch.zeros(slots, dtype=torch.int32, device=device),
+        torch.zeros(slots, dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device), cap, layer, seed)
+
+
+def slot_stride(t: torch.Tensor | None) -> int:
+    """Elements between cache slots; the rest of each slot must be contiguous."""
+    if t is None:
+        return 0
+    inner = t[0]
+    if not inner.is_contiguous():
+        raise ValueError(f"cache tensor of shape {tuple(t.shape)} must be contiguous inside a "
+                         f"slot (strides {t.stride()})")
+    return t.stride(0)
+
+
+def state_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(StateTensors))
+
+
+def cache_from_reference(state) -> ReplayCache:
+    """A kernel cache that shares its tensors with a reference ``ssm`` state (same layouts),
+    so kernels and the reference can be stepped side by side."""
+    from ..ssm.gdn import GDNState
+
+    def st(q):
+        if q is None:
+            return None
+        return StateTensors(q.fmt.name, q.data, q.row_scale, q.block_scale)
+
+    if isinstance(state, GDNState):
+        ring = {"k": state.k, "u": state.u, "g": state.g}
+        if state.v is not None:
+            ring.update(v=state.v, beta=state.beta)
+        kind = "gdn"
+    else:
+        ring = {"x": state.x, "dt": state.dt, "B": state.B}
+        kind = "mamba2"
+    cap = state.capacity if (state.cfg.L > 1 or state.spec_tokens) else 0
+    return ReplayCache(state.cfg, kind, st(state.ckpt), st(state.read), ring, state.cursor,
+                       state.flush_index, state.nan_count.view(1), cap, state.layer, state.seed)

@@ -1,0 +1,304 @@
+"""Triton device functions shared by every kernel: exact rounding (RN / SR) onto the fp16, bf16,
+fp8 and E2M1 grids, the Philox random stream, and NVFP4 / FP8 row encode and decode.
+
+Each function follows ``replayssm_quant.formats`` step for step (see docs/numerics.md) so that
+kernels reproduce the reference bits. Hopper has no hardware stochastic-rounding conversion,
+so SR is done in software here.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.random import philox
+
+# Format codes used as tl.constexpr by every kernel.
+FMT_NONE = -1
+FMT_FP32 = 0
+FMT_FP16 = 1
+FMT_BF16 = 2
+FMT_FP8 = 3
+FMT_NVFP4 = 4
+
+FMT_CODES = {"fp32": FMT_FP32, "fp16": FMT_FP16, "bf16": FMT_BF16, "fp8e4m3": FMT_FP8,
+             "nvfp4": FMT_NVFP4}
+
+
+@triton.jit
+def pow2(k):
+    """2^k as fp32 for int32 k in [-126, 127] (exact: built from exponent bits)."""
+    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def with_sign_of(q, x):
+    """|q| with the sign bit of x (copysign, -0 kept)."""
+    qb = q.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    sb = x.to(tl.int32, bitcast=True) & -2147483648
+    return (qb | sb).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def sr_words(seed, layer, sequence, flush_index, element):
+    """Philox-4x32-10 word 0 for counter (element, sequence, flush_index, layer), key seed."""
+    e = element.to(tl.uint32)
+    z = e * 0
+    r, _, _, _ = philox(seed, e, z + sequence.to(tl.uint32), z + flush_index.to(tl.uint32),
+                        z + layer.to(tl.uint32))
+    return r
+
+
+@triton.jit
+def round_grid(x, r, MANT: tl.constexpr, EMIN: tl.constexpr, MAXF: tl.constexpr,
+               SR: tl.constexpr):
+    """Round fp32 x onto a (MANT, EMIN) grid; saturate to MAXF; NaN stays NaN."""
+    ax = tl.abs(x)
+    e = ((ax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.minimum(tl.maximum(e, EMIN), 127)
+    t = ax * pow2(MANT - e)
+    fl = tl.floor(t)
+    frac = t - fl
+    if SR:
+        u = (r >> 8).to(tl.float32) * 5.9604644775390625e-08
+        up = u < frac
+    else:
+        odd = (fl - 2.0 * tl.floor(fl * 0.5)) == 1.0
+        up = (frac > 0.5) | ((frac == 0.5) & odd)
+    q = (fl + up.to(tl.float32)) * pow2(e - MANT)
+    q = tl.minimum(q, MAXF)
+    q = with_sign_of(q, x)
+    return tl.where(x != x, x, q)
+
+
+@triton.jit
+def round_bf16(x, r, SR: tl.constexpr):
+    """Round fp32 x to bf16 values (returned as fp32) by the integer form of the reference."""
+    ax = tl.abs(x)
+    bits = ax.to(tl.uint32, bitcast=True)
+    if SR:
+        bits = bits + (r >> 16)
+    else:
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    bits = bits & 0xFFFF0000
+    bits = tl.minimum(bits, 0x7F7F0000)
+    q = with_sign_of(bits.to(tl.float32, bitcast=True), x)
+    return tl.where(x != x, x, q)
+
+
+@triton.jit
+def round_to(x, r, FMT: tl.constexpr, SR: tl.constexpr):
+    """Element rounding for an unscaled storage format (fp32 passes through)."""
+    if FMT == 1:
+        return round_grid(x, r, 10, -14, 65504.0, SR)
+    elif FMT == 2:
+        return round_bf16(x, r, SR)
+    elif FMT == 3:
+        return round_grid(x, r, 3, -6, 448.0, SR)
+    else:
+        return x
+
+
+@triton.jit
+def finite_abs(x):
+    """|x| where finite, else 0 (NaN and inf are ignored by amax)."""
+    ax = tl.abs(x)
+    return tl.where(ax < float("inf"), ax, 0.0)
+
+
+@triton.jit
+def safe_div(num, den):
+    """num / den (IEEE RN), 0 where den == 0."""
+    ok = den > 0
+    return tl.where(ok, tl.math.div_rn(num, tl.where(ok, den, 1.0)), 0.0)
+
+
+@triton.jit
+def fp8_row_encode(x, r, SR: tl.constexpr):
+    """Rows of x (BR, N) -> (values on the e4m3 grid as fp32, row scale (BR,))."""
+    scale = tl.math.div_rn(tl.max(finite_abs(x), axis=1), 448.0)
+    t = safe_div(x, scale[:, None])
+    t = tl.where(x != x, x, t)
+    t = tl.where(tl.abs(x) == float("inf"), x, t)
+    return round_grid(t, r, 3, -6, 448.0, SR), scale
+
+
+@triton.jit
+def e2m1_code(v):
+    """Values on the E2M1 grid -> 4-bit codes (sign in bit 3)."""
+    a = tl.abs(v)
+    idx = tl.where(a < 2.0, a * 2.0, tl.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).to(tl.int32)
+    sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
+    return idx | (sign << 3)
+
+
+@triton.jit
+def e2m1_value(code):
+    """4-bit codes (int32) -> fp32 values: exponent/mantissa bits moved into an fp32 pattern
+    biased by 126, then the two sub-unit codes (0 and 0.5) corrected."""
+    idx = code & 7
+    v = ((idx << 22) + (126 << 23)).to(tl.float32, bitcast=True)
+    v = v - tl.where(idx < 2, 0.5 - 0.25 * idx.to(tl.float32), 0.0)
+    sign = (code & 8) << 28
+    return (v.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nvfp4_row_encode(x, r, BR: tl.constexpr, N: tl.constexpr, SR: tl.constexpr):
+    """Rows of x (BR, N) -> (packed codes (BR, N//2) uint8, block scales (BR, N//16) fp32 on the
+    E4M3 grid, row scale (BR,), dequantized values (BR, N))."""
+    ax = finite_abs(x)
+    row_scale = tl.math.div_rn(tl.max(ax, axis=1), 2688.0)
+    blk_amax = tl.max(tl.reshape(ax, (BR, N // 16, 16)), axis=2)
+    s = safe_div(blk_amax, 6.0 * row_scale[:, None])
+    s = tl.minimum(tl.maximum(s, 0.001953125), 448.0)
+    s = round_grid(s, s.to(tl.uint32, bitcast=True), 3, -6, 448.0, False)
+    xb = tl.reshape(x, (BR, N // 16, 16))
+    blk_nan = tl.max((xb != xb).to(tl.int32), axis=2) > 0
+    s = tl.where(blk_nan, float("nan"), s)
+    eff = s * row_scale[:, None]
+    t = safe_div(xb, eff[:, :, None])
+    t = tl.where(tl.abs(xb) == float("inf"), xb, t)
+    t = tl.reshape(t, (BR, N))
+    v = round_grid(t, r, 1, 0, 6.0, SR)
+    v = tl.where(v != v, 0.0, v)
+    code = e2m1_code(v)
+    lo, hi = tl.split(tl.reshape(code, (BR, N // 2, 2)))
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    deq = tl.reshape(tl.reshape(v, (BR, N // 16, 16)) * eff[:, :, None], (BR, N))
+    return packed, s, row_scale, deq
+
+
+@triton.jit
+def nvfp4_row_decode(packed, bscale, row_scale, BR: tl.constexpr, N: tl.constexpr):
+    """(BR, N//2) packed codes, (BR, N//16) block scales, (BR,) row scale -> (BR, N) fp32."""
+    p = packed.to(tl.int32)
+    v = tl.reshape(tl.join(e2m1_value(p & 15), e2m1_value(p >> 4)), (BR, N))
+    eff = bscale * row_scale[:, None]
+    return tl.reshape(tl.reshape(v, (BR, N // 16, 16)) * eff[:, :, None], (BR, N))
+
+
+@triton.jit
+def load_rows(base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: tl.constexpr,
+              BR: tl.constexpr, N: tl.constexpr):
+    """Load BR state rows (row offsets ``rows`` in elements of a row-major (.., N) layout,
+    per-row scale offsets = row index) in format FMT and return fp32 (BR, N).
+
+    ``rows`` are row indices; data offset = row * N (row * N//2 bytes for nvfp4)."""
+    if FMT == 4:
+        half = tl.arange(0, N // 2)
+        blk = tl.arange(0, N // 16)
+        p = tl.load(base + rows[:, None] * (N // 2) + half[None, :], mask=mask_r[:, None], other=0)
+        bs = tl.load(bscale_base + rows[:, None] * (N // 16) + blk[None, :], mask=mask_r[:, None],
+                     other=0.0).to(tl.float32)
+        rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        return nvfp4_row_decode(p, bs, rs, BR, N)
+    else:
+        v = tl.load(base + rows[:, None] * N + n_idx[None, :], mask=mask_r[:, None],
+                    other=0.0).to(tl.float32)
+        if FMT == 3:
+            rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+            v = v * rs[:, None]
+        return v
+
+
+@triton.jit
+def store_rows(S, r, base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: tl.constexpr,
+               SR: tl.constexpr, BR: tl.constexpr, N: tl.constexpr):
+    """Quantize fp32 rows S (BR, N) into format FMT and store them; returns the dequantized
+    stored values (what later readers see) and the number of NaNs written."""
+    nans = tl.sum(tl.sum(((S != S) & mask_r[:, None]).to(tl.int32), axis=1), axis=0)
+    if FMT == 4:
+        packed, s, rs, deq = nvfp4_row_encode(S, r, BR, N, SR)
+        half = tl.arange(0, N // 2)
+        blk = tl.arange(0, N // 16)
+        tl.store(base + rows[:, None] * (N // 2) + half[None, :], packed, mask=mask_r[:, None])
+        s8 = s.to(bscale_base.dtype.element_ty).to(tl.uint8, bitcast=True)
+        s8 = tl.where(s != s, 0x7F, s8).to(tl.uint8)  # E4M3 NaN, whatever the converter does
+        tl.store(bscale_base + rows[:, None] * (N // 16) + blk[None, :],
+                 s8.to(bscale_base.dtype.element_ty, bitcast=True), mask=mask_r[:, None])
+        tl.store(rscale_base + rows, rs, mask=mask_r)
+        return deq, nans
+    elif FMT == 3:
+        v, rs = fp8_row_encode(S, r, SR)
+        tl.store(base + rows[:, None] * N + n_idx[None, :], v.to(base.dtype.element_ty),
+                 mask=mask_r[:, None])
+        tl.store(rscale_base + rows, rs, mask=mask_r)
+        return v * rs[:, None], nans
+    else:
+        v = round_to(S, r, FMT, SR)
+        tl.store(base + rows[:, None] * N + n_idx[None, :], v.to(base.dtype.element_ty),
+                 mask=mask_r[:, None])
+        return v, nans
+
+
+@triton.jit
+def e2m1_lut_value(code, lut_ptr):
+    """4-bit codes -> fp32 through a 16-entry table (served from L1)."""
+    return tl.load(lut_ptr + code)
+
+
+@triton.jit
+def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_ptr,
+             FMT: tl.constexpr, BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,
+             LUT: tl.constexpr):
+    """(S @ va, S @ vb) for BR stored state rows without materialising a dequantized tile
+    when the format is NVFP4: even and odd elements are the low and high nibbles of a byte,
+    so each half is dotted with the even / odd entries of the vector, and the per-16 block
+    scale multiplies the partial products (fp32 throughout). ``vb`` only when TWO."""
+    if FMT == 4:
+        half = tl.arange(0, N // 2)
+        p = tl.load(base + rows[:, None] * (N // 2) + half[None, :], mask=mask_r[:, None],
+                    other=0).to(tl.int32)
+        bs = tl.load(bscale_base + rows[:, None] * (N // 16) + (half // 8)[None, :],
+                     mask=mask_r[:, None], other=0.0).to(tl.float32)
+        rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        if LUT:
+            lo = e2m1_lut_value(p & 15, lut_ptr)
+            hi = e2m1_lut_value(p >> 4, lut_ptr)
+        else:
+            lo = e2m1_value(p & 15)
+            hi = e2m1_value(p >> 4)
+        lo = lo * bs
+        hi = hi * bs
+        ae = tl.load(va_ptr + 2 * half).to(tl.float32)
+        ao = tl.load(va_ptr + 2 * half + 1).to(tl.float32)
+        ya = tl.sum(lo * ae[None, :] + hi * ao[None, :], axis=1) * rs
+        if TWO:
+            be = tl.load(vb_ptr + 2 * half).to(tl.float32)
+            bo = tl.load(vb_ptr + 2 * half + 1).to(tl.float32)
+            yb = tl.sum(lo * be[None, :] + hi * bo[None, :], axis=1) * rs
+        else:
+            yb = ya
+        return ya, yb
+    else:
+        n = tl.arange(0, N)
+        S = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
+                    other=0.0).to(tl.float32)
+        va = tl.load(va_ptr + n).to(tl.float32)
+        ya = tl.sum(S * va[None, :], axis=1)
+        if TWO:
+            vb = tl.load(vb_ptr + n).to(tl.float32)
+            yb = tl.sum(S * vb[None, :], axis=1)
+        else:
+            yb = ya
+        if FMT == 3:
+            rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+            ya = ya * rs
+            yb = yb * rs
+        return ya, yb
+
+
+_E2M1_TABLES: dict = {}
+
+
+def e2m1_table(device) -> torch.Tensor:
+    """The 16 E2M1 code values (fp32) on ``device``, cached; read by the LUT decode path."""
+    import torch
+
+    from ..formats import E2M1_VALUES
+
+    key = str(device)
+    if key not in _E2M1_TABLES:
+        vals = list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
+        _E2M1_TABLES[key] = torch.tensor(vals, dtype=torch.float32, device=device)
+    return _E2M1_TABLES[key]

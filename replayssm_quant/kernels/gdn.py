@@ -1,0 +1,270 @@
+"""Triton decode kernels for Gated DeltaNet layers: conventional step and ReplaySSM step
+(non-flush or flush per row, decided on the device from the cursor).
+
+One program handles one (batch row, value head, tile of BV value rows) and holds those state
+rows (BV x d_k) in registers: u's value rows are independent, so no cross-program reduction is
+needed. With a read copy, the flush recomputes every u of the window from the high-precision
+checkpoint (sequentially, in registers) before folding, so the read copy's error never enters
+the recurrence.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .cache import ReplayCache, slot_stride
+from .common import e2m1_table, load_rows, rows_dot, sr_words, store_rows
+from .mamba2 import _fmt, _state_args, advance_cursor
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _gdn_conv_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    fi_ptr, nan_ptr, seed, layer,
+    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+    CK_FMT: tl.constexpr, SR: tl.constexpr, BV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    vt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        hk = h // (HV // HK)
+        vv = vt * BV + tl.arange(0, BV)
+        mv = vv < V
+        kk = tl.arange(0, K)
+        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+        a = tl.exp(tl.load(g_ptr + b * HV + h).to(tl.float32))
+        beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+        rows = h * V + vv
+        S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs, ck_bs_ptr + slot * s_ckbs,
+                      rows, kk, mv, CK_FMT, BV, K)
+        u = beta * (v - a * tl.sum(S * k[None, :], axis=1))
+        S = a * S + u[:, None] * k[None, :]
+        o = tl.sum(S * q[None, :], axis=1)
+        tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
+        fi = tl.load(fi_ptr + slot) + 1
+        elem = rows[:, None] * K + kk[None, :]
+        r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+        _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                             ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
+        if nans > 0:
+            tl.atomic_add(nan_ptr, nans)
+
+
+@triton.jit
+def _gdn_nonflush_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
+    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+    cur_ptr, lut_ptr,
+    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
+):
+    """Non-flush rows: u_t and o_t from the read source + ring; append this token's record."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    vt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        c = tl.load(cur_ptr + slot)
+        if c != L - 1:
+            RATIO: tl.constexpr = HV // HK
+            hk = h // RATIO
+            vv = vt * BV + tl.arange(0, BV)
+            mv = vv < V
+            kk = tl.arange(0, K)
+            j = tl.arange(0, LB)
+            mj = j < c
+            q_row = q_ptr + (b * HK + hk) * K
+            k_row = k_ptr + (b * HK + hk) * K
+            q = tl.load(q_row + kk).to(tl.float32)
+            k = tl.load(k_row + kk).to(tl.float32)
+            v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+            gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
+            beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+            gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+            cum = tl.cumsum(gr, 0)
+            total = tl.sum(gr, 0) + gt
+            dec = tl.where(mj, tl.exp(total - cum), 0.0)
+            Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                         mask=mj[:, None], other=0.0).to(tl.float32)
+            U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                        mask=mj[None, :] & mv[:, None], other=0.0)
+            sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                              src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
+                              lut_ptr, SRC_FMT, BV, K, True, LUT)
+            kkt = tl.sum(Kr * k[None, :], axis=1)
+            kq = tl.sum(Kr * q[None, :], axis=1)
+            G = tl.exp(total)
+            w = G * sk + tl.sum(U * (dec * kkt)[None, :], axis=1)
+            u = beta * (v - w)
+            o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * tl.sum(k * q, axis=0)
+            tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
+            tl.store(ur_ptr + slot * s_ur + (h * CAP + c) * V + vv, u, mask=mv)
+            if RECOMPUTE:
+                tl.store(vr_ptr + slot * s_vr + (h * CAP + c) * V + vv,
+                         v.to(vr_ptr.dtype.element_ty), mask=mv)
+            if vt == 0:
+                tl.store(gr_ptr + slot * s_gr + h * CAP + c, gt)
+                if RECOMPUTE:
+                    tl.store(br_ptr + slot * s_br + h * CAP + c, beta)
+                if h % RATIO == 0:
+                    tl.store(kr_ptr + slot * s_kr + (hk * CAP + c) * K + kk,
+                             k.to(kr_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _gdn_flush_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+    cur_ptr, fi_ptr, nan_ptr, seed, layer,
+    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
+    BV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    vt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        RATIO: tl.constexpr = HV // HK
+        hk = h // RATIO
+        vv = vt * BV + tl.arange(0, BV)
+        mv = vv < V
+        kk = tl.arange(0, K)
+        j = tl.arange(0, LB)
+        c = tl.load(cur_ptr + slot)
+        mj = j < c
+        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+        gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
+        beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+        cum = tl.cumsum(gr, 0)
+        total = tl.sum(gr, 0) + gt
+        dec = tl.where(mj, tl.exp(total - cum), 0.0)  # decay from record j to now
+        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                     mask=mj[:, None], other=0.0).to(tl.float32)
+        rows = h * V + vv
+        if c == L - 1:
+            S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                          ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, BV, K)
+            if RECOMPUTE:
+                # u_j = beta_j (v_j - a_j S_{j-1} k_j) for every record, from the checkpoint
+                Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
+                             mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
+                br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+                W0 = tl.dot(S, tl.trans(Kr), input_precision="ieee")  # (BV, LB): S_c k_j
+                KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")  # (LB, LB)
+                U = tl.zeros((BV, LB), dtype=tl.float32)
+                for jj in tl.static_range(L - 1):
+                    sel = (j == jj).to(tl.float32)
+                    cj = tl.sum(cum * sel, 0)
+                    kkj = tl.sum(KK * sel[None, :], axis=1)  # k_i . k_jj
+                    coef = tl.where(j < jj, tl.exp(cj - cum) * kkj, 0.0)
+                    wj = tl.exp(cj) * tl.sum(W0 * sel[None, :], axis=1)
+                    wj += tl.sum(U * coef[None, :], axis=1)
+                    bj = tl.sum(br * sel, 0)
+                    uj = bj * (tl.sum(Vr * sel[None, :], axis=1) - wj)
+                    U += uj[:, None] * sel[None, :]
+            else:
+                U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                            mask=mj[None, :] & mv[:, None], other=0.0)
+            # this token: u_t from the checkpoint, then fold all L records
+            kkt = tl.sum(Kr * k[None, :], axis=1)
+            w = tl.exp(total) * tl.sum(S * k[None, :], axis=1)
+            w += tl.sum(U * (dec * kkt)[None, :], axis=1)
+            u = beta * (v - w)
+            S = tl.exp(total) * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
+            S = S + u[:, None] * k[None, :]
+            o = tl.sum(S * q[None, :], axis=1)
+            tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
+            fi = tl.load(fi_ptr + slot) + 1
+            elem = rows[:, None] * K + kk[None, :]
+            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                   ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
+            if RD_FMT >= 0:
+                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                           rd_bs_ptr + slot * s_rdbs, rows, kk, mv, RD_FMT, False, BV, K)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+
+
+def _check(cache: ReplayCache, q, k, v, g, beta, slots):
+    if cache.kind != "gdn":
+        raise ValueError(f"expected a gdn cache, got {cache.kind}")
+    HK, K = q.shape[-2:]
+    HV, V = v.shape[-2:]
+    if HV % HK:
+        raise ValueError(f"value heads ({HV}) must be a multiple of key heads ({HK})")
+    if k.shape != q.shape:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ")
+    if cache.ckpt.data.shape[1] != HV or cache.ckpt.data.shape[2] != V:
+        raise ValueError(f"inputs have {HV} value heads x {V}, cache has "
+                         f"{tuple(cache.ckpt.data.shape[1:3])}")
+    if K % 32 or K & (K - 1):
+        raise ValueError(f"d_k must be a power of two >= 32, got {K}")
+    if g.dtype != torch.float32 or beta.dtype != torch.float32:
+        raise ValueError("g and beta must be fp32")
+    if slots.dtype != torch.int32:
+        raise ValueError("slots must be int32")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return HV, HK, V, K
+
+
+def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int | None = None,
+                    advance: bool = True, num_warps: int = 4, flush_block_v: int | None = None,
+                    flush_warps: int = 4, lut: bool = False,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
+    log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32."""
+    HV, HK, V, K = _check(cache, q, k, v, g, beta, slots)
+    cfg = cache.cfg
+    Bsz = q.shape[0]
+    o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
+    BV = block_v or min(triton.next_power_of_2(V), 32)
+    grid = (Bsz, HV, triton.cdiv(V, BV))
+    ck = _state_args(cache.ckpt, slots)
+    if cache.capacity == 0:
+        _gdn_conv_kernel[grid](q, k, v, g, beta, slots, o, *ck, cache.flush_index,
+                               cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
+                               K=K, CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=BV,
+                               num_warps=num_warps)
+    else:
+        rd = _state_args(cache.read, slots)
+        r = cache.ring
+        vr = r["v"] if "v" in r else r["u"]
+        br = r["beta"] if "beta" in r else r["g"]
+        ring = (r["k"], r["u"], r["g"], vr, br, slot_stride(r["k"]), slot_stride(r["u"]),
+                slot_stride(r["g"]), slot_stride(vr), slot_stride(br))
+        LB = max(16, triton.next_power_of_2(cache.capacity))
+        src = rd if cache.read is not None else ck
+        _gdn_nonflush_kernel[grid](
+            q, k, v, g, beta, slots, o, *src, *ring, cache.cursor, e2m1_table(q.device),
+            HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
+            SRC_FMT=_fmt(cache.read if cache.read is not None else cache.ckpt),
+            RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut, num_warps=num_warps)
+        BVF = flush_block_v or min(BV, 16)
+        _gdn_flush_kernel[(Bsz, HV, triton.cdiv(V, BVF))](
+            q, k, v, g, beta, slots, o, *ck, *rd, *ring,
+            cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
+            HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
+            CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+            RECOMPUTE=cfg.recompute_u, BV=BVF, num_warps=flush_warps)
+    if advance:
+        advance_cursor(cache, slots)
+    return o

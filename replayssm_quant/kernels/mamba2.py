@@ -1,0 +1,289 @@
+"""Triton decode kernels for Mamba-2 layers: conventional step, ReplaySSM step (non-flush or
+flush per row, decided on the device from the cursor), speculative verify and commit.
+
+One program handles one (batch row, head, tile of BP head-dim rows) and holds those state rows
+(BP x d_state) in registers, so no kernel needs a reduction across programs and nothing depends
+on the launch configuration. Launch shapes depend only on tensor shapes: CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .cache import ReplayCache, slot_stride
+from .common import FMT_CODES, FMT_NONE, e2m1_table, load_rows, rows_dot, sr_words, store_rows
+
+
+def _fmt(st) -> int:
+    return FMT_NONE if st is None else FMT_CODES[st.fmt]
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _mamba2_conv_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    fi_ptr, nan_ptr, seed, layer,
+    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+    CK_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        g = h // (H // G)
+        p = pt * BP + tl.arange(0, BP)
+        mp = p < P
+        n = tl.arange(0, N)
+        x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
+        dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+        Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+        rows = h * P + p
+        S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs, ck_bs_ptr + slot * s_ckbs,
+                      rows, n, mp, CK_FMT, BP, N)
+        a = tl.exp(dt * A)
+        S = a * S + (dt * x)[:, None] * Bv[None, :]
+        y = tl.sum(S * Cv[None, :], axis=1)
+        if HAS_D:
+            y += tl.load(D_ptr + h).to(tl.float32) * x
+        tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
+        fi = tl.load(fi_ptr + slot) + 1
+        elem = rows[:, None] * N + n[None, :]
+        r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+        _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                             ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
+        if nans > 0:
+            tl.atomic_add(nan_ptr, nans)
+
+
+@triton.jit
+def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.constexpr):
+    """Per buffered record j < c: exp(A * sum of dt after j up to now) * dt_j, and the total
+    dt since the checkpoint (including this token)."""
+    j = tl.arange(0, LB)
+    mj = j < c
+    dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
+    cum = tl.cumsum(dtr, 0)
+    total = tl.sum(dtr, 0) + dt
+    w = tl.where(mj, tl.exp(A * (total - cum)) * dtr, 0.0)
+    return w, total, mj
+
+
+@triton.jit
+def _mamba2_nonflush_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
+    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr, lut_ptr,
+    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
+):
+    """Non-flush rows: y from the read source + ring; append this token's record."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        c = tl.load(cur_ptr + slot)
+        if c != L - 1:
+            HPG: tl.constexpr = H // G
+            g = h // HPG
+            p = pt * BP + tl.arange(0, BP)
+            mp = p < P
+            n = tl.arange(0, N)
+            j = tl.arange(0, LB)
+            x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
+            dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+            A = tl.load(A_ptr + h).to(tl.float32)
+            c_ptr = C_ptr + (b * G + g) * N
+            Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+            Cv = tl.load(c_ptr + n).to(tl.float32)
+            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
+            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                         mask=mj[:, None], other=0.0).to(tl.float32)
+            xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                         mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+            sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                             src_bs_ptr + slot * s_srcbs, h * P + p, mp, c_ptr, c_ptr, lut_ptr,
+                             SRC_FMT, BP, N, False, LUT)
+            bc = tl.sum(Br * Cv[None, :], axis=1)
+            y = tl.exp(A * total) * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
+            y += (dt * x) * tl.sum(Bv * Cv, axis=0)
+            if HAS_D:
+                y += tl.load(D_ptr + h).to(tl.float32) * x
+            tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
+            tl.store(xr_ptr + slot * s_xr + (h * CAP + c) * P + p,
+                     x.to(xr_ptr.dtype.element_ty), mask=mp)
+            if pt == 0:
+                tl.store(dtr_ptr + slot * s_dtr + h * CAP + c, dt)
+                if h % HPG == 0:
+                    tl.store(Br_ptr + slot * s_Br + (g * CAP + c) * N + n,
+                             Bv.to(Br_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _mamba2_flush_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
+    cur_ptr, fi_ptr, nan_ptr, seed, layer,
+    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
+    BP: tl.constexpr,
+):
+    """Flush rows (cursor == L-1): fold all L records into the checkpoint, write it (SR when
+    configured) and the read copy made from its new value."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        c = tl.load(cur_ptr + slot)
+        if c == L - 1:
+            g = h // (H // G)
+            p = pt * BP + tl.arange(0, BP)
+            mp = p < P
+            n = tl.arange(0, N)
+            j = tl.arange(0, LB)
+            x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
+            dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+            A = tl.load(A_ptr + h).to(tl.float32)
+            Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+            Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
+            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                         mask=mj[:, None], other=0.0).to(tl.float32)
+            xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                         mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+            rows = h * P + p
+            S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                          ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, BP, N)
+            upd = tl.dot(tl.trans(xr * w[:, None]), Br, input_precision="ieee")
+            S = tl.exp(A * total) * S + upd + (dt * x)[:, None] * Bv[None, :]
+            y = tl.sum(S * Cv[None, :], axis=1)
+            if HAS_D:
+                y += tl.load(D_ptr + h).to(tl.float32) * x
+            tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
+            fi = tl.load(fi_ptr + slot) + 1
+            elem = rows[:, None] * N + n[None, :]
+            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                   ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
+            if RD_FMT >= 0:
+                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                           rd_bs_ptr + slot * s_rdbs, rows, n, mp, RD_FMT, False, BP, N)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+
+
+@triton.jit
+def _advance_kernel(slots_ptr, cur_ptr, fi_ptr, L: tl.constexpr, BLOCK: tl.constexpr, nrows):
+    """cursor += 1 (mod L); flush_index += 1 on rows that flushed. Separate launch because
+    every program of a row reads the cursor before any may change it."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < nrows
+    slot = tl.load(slots_ptr + i, mask=m, other=-1)
+    ok = m & (slot >= 0)
+    c = tl.load(cur_ptr + slot, mask=ok, other=0)
+    fl = c == L - 1
+    tl.store(cur_ptr + slot, tl.where(fl, 0, c + 1), mask=ok)
+    fi = tl.load(fi_ptr + slot, mask=ok, other=0)
+    tl.store(fi_ptr + slot, tl.where(fl, fi + 1, fi), mask=ok)
+
+
+def _state_args(st, slots_dummy: torch.Tensor):
+    if st is None:
+        return (slots_dummy, slots_dummy, slots_dummy, 0, 0, 0)
+    rs = st.row_scale if st.row_scale is not None else slots_dummy
+    bs = st.block_scale if st.block_scale is not None else slots_dummy
+    return (st.data, rs, bs, slot_stride(st.data),
+            slot_stride(st.row_scale) if st.row_scale is not None else 0,
+            slot_stride(st.block_scale) if st.block_scale is not None else 0)
+
+
+def _check_inputs(cache: ReplayCache, x, dt, A, Bm, C, slots):
+    H, P = x.shape[-2:]
+    G, N = Bm.shape[-2:]
+    if cache.kind != "mamba2":
+        raise ValueError(f"expected a mamba2 cache, got {cache.kind}")
+    if cache.ckpt.data.shape[1] != H or cache.ckpt.data.shape[2] != P:
+        raise ValueError(f"inputs have {H} heads x {P} head_dim, cache has "
+                         f"{tuple(cache.ckpt.data.shape[1:3])}")
+    if H % G:
+        raise ValueError(f"heads ({H}) must be a multiple of groups ({G})")
+    if N % 32 or N & (N - 1):
+        raise ValueError(f"d_state must be a power of two >= 32, got {N}")
+    if dt.dtype != torch.float32:
+        raise ValueError("dt must be fp32 (after bias and softplus)")
+    if slots.dtype != torch.int32:
+        raise ValueError("slots must be int32")
+    if not (x.is_contiguous() and Bm.is_contiguous() and C.is_contiguous() and dt.is_contiguous()):
+        raise ValueError("x, dt, B and C must be contiguous")
+    if A.shape != (H,):
+        raise ValueError(f"A must have shape ({H},)")
+    return H, P, N, G
+
+
+def _block_p(P: int, N: int) -> int:
+    return min(triton.next_power_of_2(P), 64 if N <= 128 else 32)
+
+
+def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
+                       advance: bool = True, num_warps: int = 4, flush_block_p: int | None = None,
+                       flush_warps: int = 4, lut: bool = False,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step for a batch of rows (CUDA).
+
+    x (B, H, P), dt (B, H) fp32 post-softplus, A (H,), Bm/C (B, G, N), D (H,) or None,
+    slots (B,) int32 cache slots (< 0: padding row, skipped). Returns y (B, H, P) fp32.
+    Conventional configs (L = 1, no spec capacity) run the conventional kernel.
+    """
+    H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
+    cfg = cache.cfg
+    Bsz = x.shape[0]
+    y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
+    BP = block_p or _block_p(P, N)
+    grid = (Bsz, H, triton.cdiv(P, BP))
+    d = D if D is not None else A
+    ck = _state_args(cache.ckpt, slots)
+    if cache.capacity == 0:
+        _mamba2_conv_kernel[grid](
+            x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
+            cache.seed, cache.layer, H=H, P=P, N=N, G=G, CK_FMT=_fmt(cache.ckpt),
+            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, num_warps=num_warps)
+        if advance:
+            advance_cursor(cache, slots)
+        return y
+    rd = _state_args(cache.read, slots)
+    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
+    ring = (xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br))
+    LB = max(16, triton.next_power_of_2(cache.capacity))
+    src = rd if cache.read is not None else ck
+    _mamba2_nonflush_kernel[grid](
+        x, dt, A, Bm, C, d, slots, y, *src, *ring, cache.cursor, e2m1_table(x.device),
+        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
+        SRC_FMT=_fmt(cache.read if cache.read is not None else cache.ckpt),
+        HAS_D=D is not None, BP=BP, LUT=lut, num_warps=num_warps)
+    BPF = flush_block_p or min(BP, 32)
+    _mamba2_flush_kernel[(Bsz, H, triton.cdiv(P, BPF))](
+        x, dt, A, Bm, C, d, slots, y, *ck, *rd, *ring,
+        cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
+        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
+        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        HAS_D=D is not None, BP=BPF, num_warps=flush_warps)
+    if advance:
+        advance_cursor(cache, slots)
+    return y
+
+
+def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
+    """Move each row's cursor one record on (wrapping at L, counting the flush)."""
+    n = slots.shape[0]
+    _advance_kernel[(triton.cdiv(n, 256),)](slots, cache.cursor, cache.flush_index, L=cache.cfg.L,
+                                            BLOCK=256, nrows=n)
