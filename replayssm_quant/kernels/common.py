@@ -220,8 +220,10 @@ def store_rows(S, r, base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: t
         return deq, nans
     elif FMT == 3:
         v, rs = fp8_row_encode(S, r, SR)
-        tl.store(base + rows[:, None] * N + n_idx[None, :], v.to(base.dtype.element_ty),
-                 mask=mask_r[:, None])
+        v8 = v.to(base.dtype.element_ty).to(tl.uint8, bitcast=True)
+        v8 = tl.where(v != v, 0x7F, v8).to(tl.uint8)  # keep NaN as the E4M3 NaN code
+        tl.store(base + rows[:, None] * N + n_idx[None, :],
+                 v8.to(base.dtype.element_ty, bitcast=True), mask=mask_r[:, None])
         tl.store(rscale_base + rows, rs, mask=mask_r)
         return v * rs[:, None], nans
     else:
