@@ -55,12 +55,13 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="*", default=["nemotron-3-super-120b", "qwen3.5-4b"])
     ap.add_argument("--configs", nargs="*",
                     default=["fp32", "replay-fp32", "nvfp4-read/fp16-sr", "nvfp4-read/fp32"])
-    ap.add_argument("--blocks", type=int, nargs="*", default=[16, 32, 64])
+    ap.add_argument("--blocks", type=int, nargs="*", default=[64, 32])
     ap.add_argument("--warps", type=int, nargs="*", default=[4, 8])
+    ap.add_argument("--check", action="store_true", help="float64 spot check first")
     args = ap.parse_args()
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()} copy {bw / 1e12:.3f} TB/s", flush=True)
-    for sname in SHAPES:
+    for sname in SHAPES if args.check else ():
         for cname in ("fp32", "replay-fp32"):
             t0 = time.time()
             err = check_fp32(SHAPES[sname], PRESETS[cname])
@@ -68,20 +69,27 @@ def main() -> int:
                   f"({time.time() - t0:.1f}s)", flush=True)
     for sname in args.shapes:
         shape = SHAPES[sname]
-        kw_name = "block_p" if shape.kind == "mamba2" else "block_v"
+        mk = "block_p" if shape.kind == "mamba2" else "block_v"
+        fk = "flush_block_p" if shape.kind == "mamba2" else "flush_block_v"
         for cname in args.configs:
             cfg = PRESETS[cname]
             sb = step_bytes(cfg, shape)
-            for blk in args.blocks:
-                for nw in args.warps:
-                    t0 = time.time()
-                    m = measure(shape, args.batch, cfg, 10, **{kw_name: blk, "num_warps": nw})
-                    fr = sb.window_average * args.batch / (m["window_us"] * 1e-6) / bw
-                    frn = sb.nonflush * args.batch / (m["nonflush_us"] * 1e-6) / bw
-                    frf = sb.flush * args.batch / (m["flush_us"] * 1e-6) / bw
-                    print(f"{sname:22s} {cname:20s} blk {blk:3d} w {nw} win {m['window_us']:8.1f}us"
-                          f" ({fr:.2f}) nf {m['nonflush_us']:8.1f} ({frn:.2f}) fl "
-                          f"{m['flush_us']:8.1f} ({frf:.2f}) [{time.time() - t0:.1f}s]", flush=True)
+            luts = (False, True) if cfg.read_format.name == "nvfp4" else (False,)
+            variants = [dict(blk=b, nw=w, lut=lut, fblk=16, fw=4)
+                        for b in args.blocks for w in args.warps for lut in luts]
+            variants += [dict(blk=args.blocks[0], nw=4, lut=False, fblk=fb, fw=fw)
+                         for fb, fw in ((32, 4), (16, 8), (16, 2))]
+            for v in variants:
+                t0 = time.time()
+                kw = {mk: v["blk"], "num_warps": v["nw"], "lut": v["lut"], fk: v["fblk"],
+                      "flush_warps": v["fw"]}
+                m = measure(shape, args.batch, cfg, 10, **kw)
+                fr = sb.window_average * args.batch / (m["window_us"] * 1e-6) / bw
+                frn = sb.nonflush * args.batch / (m["nonflush_us"] * 1e-6) / bw
+                frf = sb.flush * args.batch / (m["flush_us"] * 1e-6) / bw
+                print(f"{sname:22s} {cname:20s} {v} win {m['window_us']:8.1f}us ({fr:.2f}) "
+                      f"nf {m['nonflush_us']:8.1f} ({frn:.2f}) fl {m['flush_us']:8.1f} ({frf:.2f}) "
+                      f"[{time.time() - t0:.1f}s]", flush=True)
     return 0
 
 

@@ -120,6 +120,25 @@ def _gdn_nonflush_kernel(
                              k.to(kr_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC: tl.constexpr):
+    """u_j = beta_j (v_j - a_j S_{j-1} k_j) for records j < NREC, sequentially from the
+    checkpoint S (the UT transform written as forward substitution)."""
+    cum = tl.cumsum(gr, 0)
+    W0 = tl.dot(S, tl.trans(Kr), input_precision="ieee")  # (BV, LB): S_c k_j
+    KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")  # (LB, LB)
+    U = tl.zeros((BV, LB), dtype=tl.float32)
+    for jj in tl.static_range(NREC):
+        sel = (j == jj).to(tl.float32)
+        cj = tl.sum(cum * sel, 0)
+        kkj = tl.sum(KK * sel[None, :], axis=1)
+        coef = tl.where(j < jj, tl.exp(cj - cum) * kkj, 0.0)
+        wj = tl.exp(cj) * tl.sum(W0 * sel[None, :], axis=1) + tl.sum(U * coef[None, :], axis=1)
+        uj = tl.sum(br * sel, 0) * (tl.sum(Vr * sel[None, :], axis=1) - wj)
+        U += uj[:, None] * sel[None, :]
+    return U
+
+
 @triton.jit(do_not_specialize=["seed", "layer"])
 def _gdn_flush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
@@ -165,19 +184,7 @@ def _gdn_flush_kernel(
                 Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
                              mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
                 br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-                W0 = tl.dot(S, tl.trans(Kr), input_precision="ieee")  # (BV, LB): S_c k_j
-                KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")  # (LB, LB)
-                U = tl.zeros((BV, LB), dtype=tl.float32)
-                for jj in tl.static_range(L - 1):
-                    sel = (j == jj).to(tl.float32)
-                    cj = tl.sum(cum * sel, 0)
-                    kkj = tl.sum(KK * sel[None, :], axis=1)  # k_i . k_jj
-                    coef = tl.where(j < jj, tl.exp(cj - cum) * kkj, 0.0)
-                    wj = tl.exp(cj) * tl.sum(W0 * sel[None, :], axis=1)
-                    wj += tl.sum(U * coef[None, :], axis=1)
-                    bj = tl.sum(br * sel, 0)
-                    uj = bj * (tl.sum(Vr * sel[None, :], axis=1) - wj)
-                    U += uj[:, None] * sel[None, :]
+                U = _recompute_u(S, Kr, Vr, br, gr, j, LB, BV, L - 1)
             else:
                 U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                             mask=mj[None, :] & mv[:, None], other=0.0)
@@ -268,3 +275,198 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     if advance:
         advance_cursor(cache, slots)
     return o
+
+
+# ------------------------------------------------------------------------------ speculative
+@triton.jit
+def _gdn_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
+    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br, cur_ptr,
+    T: tl.constexpr, TB: tl.constexpr,
+    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+    CAP: tl.constexpr, LB: tl.constexpr,
+    SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr,
+):
+    """All T draft outputs in chunk form from the read source + committed records: the draft
+    u's by forward substitution, then the outputs; append the drafts (cursor unchanged)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    vt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        RATIO: tl.constexpr = HV // HK
+        hk = h // RATIO
+        vv = vt * BV + tl.arange(0, BV)
+        mv = vv < V
+        kk = tl.arange(0, K)
+        j = tl.arange(0, LB)
+        i = tl.arange(0, TB)
+        mi = i < T
+        c = tl.load(cur_ptr + slot)
+        mj = j < c
+        Qd = tl.load(q_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Kd = tl.load(k_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Vd = tl.load(v_ptr + ((b * T + i[None, :]) * HV + h) * V + vv[:, None],
+                     mask=mi[None, :] & mv[:, None], other=0.0).to(tl.float32)  # (BV, TB)
+        gd = tl.load(g_ptr + (b * T + i) * HV + h, mask=mi, other=0.0).to(tl.float32)
+        bd = tl.load(beta_ptr + (b * T + i) * HV + h, mask=mi, other=0.0).to(tl.float32)
+        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                     mask=mj[:, None], other=0.0).to(tl.float32)
+        U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                    mask=mj[None, :] & mv[:, None], other=0.0)
+        cr = tl.cumsum(gr, 0)
+        cd = tl.cumsum(gd, 0)
+        total = tl.sum(gr, 0) + cd
+        Er = tl.where(mj[None, :], tl.exp(total[:, None] - cr[None, :]), 0.0)  # (TB, LB)
+        Ed = tl.where((i[None, :] <= i[:, None]) & mi[None, :],
+                      tl.exp(cd[:, None] - cd[None, :]), 0.0)  # (TB, TB), i' <= i
+        S = load_rows(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                      src_bs_ptr + slot * s_srcbs, h * V + vv, kk, mv, SRC_FMT, BV, K)
+        SK = tl.dot(S, tl.trans(Kd), input_precision="ieee")  # (BV, TB)
+        SQ = tl.dot(S, tl.trans(Qd), input_precision="ieee")
+        Mr = Er * tl.dot(Kd, tl.trans(Kr), input_precision="ieee")
+        Wk = tl.exp(total)[None, :] * SK + tl.dot(U, tl.trans(Mr), input_precision="ieee")
+        Md = Ed * tl.dot(Kd, tl.trans(Kd), input_precision="ieee")  # [i, i'] e^. (k_i'.k_i)
+        Ud = tl.zeros((BV, TB), dtype=tl.float32)
+        for ii in tl.static_range(T):
+            sel = (i == ii).to(tl.float32)
+            row = tl.sum(Md * sel[:, None], axis=0)  # Md[ii, :]
+            coef = tl.where(i < ii, row, 0.0)
+            wi = tl.sum(Wk * sel[None, :], axis=1) + tl.sum(Ud * coef[None, :], axis=1)
+            ui = tl.sum(bd * sel, 0) * (tl.sum(Vd * sel[None, :], axis=1) - wi)
+            Ud += ui[:, None] * sel[None, :]
+        Nr = Er * tl.dot(Qd, tl.trans(Kr), input_precision="ieee")
+        Nd = Ed * tl.dot(Qd, tl.trans(Kd), input_precision="ieee")
+        O = tl.exp(total)[None, :] * SQ + tl.dot(U, tl.trans(Nr), input_precision="ieee")
+        O += tl.dot(Ud, tl.trans(Nd), input_precision="ieee")
+        mo = mi[None, :] & mv[:, None]
+        tl.store(o_ptr + ((b * T + i[None, :]) * HV + h) * V + vv[:, None], O, mask=mo)
+        pos = c + i
+        tl.store(ur_ptr + slot * s_ur + (h * CAP + pos[None, :]) * V + vv[:, None], Ud, mask=mo)
+        if RECOMPUTE:
+            tl.store(vr_ptr + slot * s_vr + (h * CAP + pos[None, :]) * V + vv[:, None],
+                     Vd.to(vr_ptr.dtype.element_ty), mask=mo)
+        if vt == 0:
+            tl.store(gr_ptr + slot * s_gr + h * CAP + pos, gd, mask=mi)
+            if RECOMPUTE:
+                tl.store(br_ptr + slot * s_br + h * CAP + pos, bd, mask=mi)
+            if h % RATIO == 0:
+                tl.store(kr_ptr + slot * s_kr + (hk * CAP + pos[:, None]) * K + kk[None, :],
+                         Kd.to(kr_ptr.dtype.element_ty), mask=mi[:, None])
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _gdn_fold_kernel(
+    slots_ptr, acc_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+    cur_ptr, fi_ptr, nan_ptr, seed, layer,
+    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """Commit, part 1: rows reaching L records fold the first L into the checkpoint (u's
+    recomputed from the checkpoint when non-flush steps read a copy)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    vt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        c = tl.load(cur_ptr + slot) + tl.load(acc_ptr + b)
+        if c >= L:
+            hk = h // (HV // HK)
+            vv = vt * BV + tl.arange(0, BV)
+            mv = vv < V
+            kk = tl.arange(0, K)
+            j = tl.arange(0, LB)
+            mj = j < L
+            gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+            Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                         mask=mj[:, None], other=0.0).to(tl.float32)
+            rows = h * V + vv
+            S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                          ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, BV, K)
+            if RECOMPUTE:
+                Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
+                             mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
+                br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+                U = _recompute_u(S, Kr, Vr, br, gr, j, LB, BV, L)
+            else:
+                U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                            mask=mj[None, :] & mv[:, None], other=0.0)
+            cum = tl.cumsum(gr, 0)
+            total = tl.sum(gr, 0)
+            dec = tl.where(mj, tl.exp(total - cum), 0.0)
+            S = tl.exp(total) * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
+            fi = tl.load(fi_ptr + slot) + 1
+            elem = rows[:, None] * K + kk[None, :]
+            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                   ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
+            if RD_FMT >= 0:
+                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                           rd_bs_ptr + slot * s_rdbs, rows, kk, mv, RD_FMT, False, BV, K)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+
+
+def _ring_args(cache: ReplayCache):
+    r = cache.ring
+    vr = r["v"] if "v" in r else r["u"]
+    br = r["beta"] if "beta" in r else r["g"]
+    return (r["k"], r["u"], r["g"], vr, br, slot_stride(r["k"]), slot_stride(r["u"]),
+            slot_stride(r["g"]), slot_stride(vr), slot_stride(br))
+
+
+def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 16,
+               num_warps: int = 4) -> torch.Tensor:
+    """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
+    o (B, T, Hv, V); appends the drafts after each row's committed records."""
+    Bsz, T, HK, K = q.shape
+    HV, V = v.shape[-2:]
+    if cache.kind != "gdn":
+        raise ValueError(f"expected a gdn cache, got {cache.kind}")
+    if T > cache.capacity - cache.cfg.L + 1:
+        raise ValueError(f"verify of {T} drafts needs spec_tokens >= {T - 1} beyond L; "
+                         f"the cache has capacity {cache.capacity} for L={cache.cfg.L}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if slots.dtype != torch.int32:
+        raise ValueError("slots must be int32")
+    o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
+    src = cache.read if cache.read is not None else cache.ckpt
+    BV = min(block_v, triton.next_power_of_2(V))
+    _gdn_verify_kernel[(Bsz, HV, triton.cdiv(V, BV))](
+        q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
+        T=T, TB=max(16, triton.next_power_of_2(T)), HV=HV, HK=HK, V=V, K=K,
+        CAP=cache.capacity, LB=max(16, triton.next_power_of_2(cache.capacity)),
+        SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, num_warps=num_warps)
+    return o
+
+
+def gdn_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Tensor, *,
+               block_v: int = 16, num_warps: int = 4) -> None:
+    """Accept ``accepted (B,)`` int32 drafts per row; fold full windows like a flush."""
+    from .mamba2 import shift_and_commit
+
+    if accepted.dtype != torch.int32:
+        raise ValueError("accepted must be int32")
+    HV, V, K = cache.ckpt.data.shape[1], cache.ckpt.data.shape[2], cache.ring["k"].shape[-1]
+    HK = cache.ring["k"].shape[1]
+    cfg = cache.cfg
+    BV = min(block_v, triton.next_power_of_2(V))
+    _gdn_fold_kernel[(slots.shape[0], HV, triton.cdiv(V, BV))](
+        slots, accepted, *_state_args(cache.ckpt, slots), *_state_args(cache.read, slots),
+        *_ring_args(cache), cache.cursor, cache.flush_index, cache.nan_count, cache.seed,
+        cache.layer, HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity,
+        LB=max(16, triton.next_power_of_2(cache.capacity)), CK_FMT=_fmt(cache.ckpt),
+        RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BV=BV,
+        num_warps=num_warps)
+    shift_and_commit(cache, accepted, slots)

@@ -287,3 +287,223 @@ def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
     n = slots.shape[0]
     _advance_kernel[(triton.cdiv(n, 256),)](slots, cache.cursor, cache.flush_index, L=cache.cfg.L,
                                             BLOCK=256, nrows=n)
+
+
+# ------------------------------------------------------------------------------ speculative
+@triton.jit
+def _mamba2_verify_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
+    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr,
+    T: tl.constexpr, TB: tl.constexpr,
+    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+    CAP: tl.constexpr, LB: tl.constexpr,
+    SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr,
+):
+    """All T draft outputs at once in chunk form from the read source + committed records,
+    then append the drafts after the committed records (the cursor does not move)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        HPG: tl.constexpr = H // G
+        g = h // HPG
+        p = pt * BP + tl.arange(0, BP)
+        mp = p < P
+        n = tl.arange(0, N)
+        j = tl.arange(0, LB)
+        i = tl.arange(0, TB)
+        mi = i < T
+        c = tl.load(cur_ptr + slot)
+        mj = j < c
+        A = tl.load(A_ptr + h).to(tl.float32)
+        # drafts: x (TB, BP), dt (TB,), B and C (TB, N)
+        xd = tl.load(x_ptr + ((b * T + i[:, None]) * H + h) * P + p[None, :],
+                     mask=mi[:, None] & mp[None, :], other=0.0).to(tl.float32)
+        dtd = tl.load(dt_ptr + (b * T + i) * H + h, mask=mi, other=0.0).to(tl.float32)
+        Bd = tl.load(B_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Cd = tl.load(C_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        # committed records
+        dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
+        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                     mask=mj[:, None], other=0.0).to(tl.float32)
+        xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                     mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+        cr = tl.cumsum(dtr, 0)
+        cd = tl.cumsum(dtd, 0)
+        total = tl.sum(dtr, 0) + cd  # (TB,) dt since the checkpoint up to draft i
+        Wr = tl.exp(A * (total[:, None] - cr[None, :])) * dtr[None, :]
+        Wr = tl.where(mj[None, :], Wr, 0.0)
+        Wd = tl.exp(A * (cd[:, None] - cd[None, :])) * dtd[None, :]
+        Wd = tl.where((i[None, :] <= i[:, None]) & mi[None, :], Wd, 0.0)
+        S = load_rows(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                      src_bs_ptr + slot * s_srcbs, h * P + p, n, mp, SRC_FMT, BP, N)
+        SC = tl.dot(Cd, tl.trans(S), input_precision="ieee")  # (TB, BP)
+        CBr = tl.dot(Cd, tl.trans(Br), input_precision="ieee")  # (TB, LB)
+        CBd = tl.dot(Cd, tl.trans(Bd), input_precision="ieee")  # (TB, TB)
+        Y = tl.exp(A * total)[:, None] * SC
+        Y += tl.dot(Wr * CBr, xr, input_precision="ieee")
+        Y += tl.dot(Wd * CBd, xd, input_precision="ieee")
+        if HAS_D:
+            Y += tl.load(D_ptr + h).to(tl.float32) * xd
+        tl.store(y_ptr + ((b * T + i[:, None]) * H + h) * P + p[None, :], Y,
+                 mask=mi[:, None] & mp[None, :])
+        pos = c + i
+        tl.store(xr_ptr + slot * s_xr + (h * CAP + pos[:, None]) * P + p[None, :],
+                 xd.to(xr_ptr.dtype.element_ty), mask=mi[:, None] & mp[None, :])
+        if pt == 0:
+            tl.store(dtr_ptr + slot * s_dtr + h * CAP + pos, dtd, mask=mi)
+            if h % HPG == 0:
+                tl.store(Br_ptr + slot * s_Br + (g * CAP + pos[:, None]) * N + n[None, :],
+                         Bd.to(Br_ptr.dtype.element_ty), mask=mi[:, None])
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _mamba2_fold_kernel(
+    A_ptr, slots_ptr, acc_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
+    cur_ptr, fi_ptr, nan_ptr, seed, layer,
+    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, BP: tl.constexpr,
+):
+    """Commit, part 1: rows whose cursor + accepted reaches L fold their first L records
+    into the checkpoint (a flush without a current token)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pt = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        c = tl.load(cur_ptr + slot) + tl.load(acc_ptr + b)
+        if c >= L:
+            g = h // (H // G)
+            p = pt * BP + tl.arange(0, BP)
+            mp = p < P
+            n = tl.arange(0, N)
+            j = tl.arange(0, LB)
+            mj = j < L
+            A = tl.load(A_ptr + h).to(tl.float32)
+            dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
+            cum = tl.cumsum(dtr, 0)
+            total = tl.sum(dtr, 0)
+            w = tl.where(mj, tl.exp(A * (total - cum)) * dtr, 0.0)
+            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                         mask=mj[:, None], other=0.0).to(tl.float32)
+            xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                         mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+            rows = h * P + p
+            S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                          ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, BP, N)
+            S = tl.exp(A * total) * S + tl.dot(tl.trans(xr * w[:, None]), Br,
+                                               input_precision="ieee")
+            fi = tl.load(fi_ptr + slot) + 1
+            elem = rows[:, None] * N + n[None, :]
+            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                   ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
+            if RD_FMT >= 0:
+                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                           rd_bs_ptr + slot * s_rdbs, rows, n, mp, RD_FMT, False, BP, N)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+
+
+@triton.jit
+def _shift_ring_kernel(slots_ptr, acc_ptr, cur_ptr, fi_ptr, r_ptr, s_r, heads, inner,
+                       L: tl.constexpr, CAP: tl.constexpr, BI: tl.constexpr):
+    """Commit, part 2 (one ring tensor ``(slots, heads, CAP, inner)``): on rows that folded,
+    move records L..cursor-1 to the ring's start."""
+    b = tl.program_id(0)
+    hh = tl.program_id(1)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        c = tl.load(cur_ptr + slot) + tl.load(acc_ptr + b)
+        if c >= L:
+            e = tl.arange(0, BI)
+            me = e < inner
+            for jj in tl.static_range(CAP - L):
+                m = me & ((e * 0 + jj) < c - L)
+                v = tl.load(r_ptr + slot * s_r + (hh * CAP + L + jj) * inner + e, mask=m)
+                tl.store(r_ptr + slot * s_r + (hh * CAP + jj) * inner + e, v, mask=m)
+
+
+@triton.jit
+def _commit_cursor_kernel(slots_ptr, acc_ptr, cur_ptr, fi_ptr, L: tl.constexpr,
+                          BLOCK: tl.constexpr, nrows):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < nrows
+    slot = tl.load(slots_ptr + i, mask=m, other=-1)
+    ok = m & (slot >= 0)
+    c = tl.load(cur_ptr + slot, mask=ok, other=0) + tl.load(acc_ptr + i, mask=ok, other=0)
+    fold = c >= L
+    tl.store(cur_ptr + slot, tl.where(fold, c - L, c), mask=ok)
+    fi = tl.load(fi_ptr + slot, mask=ok, other=0)
+    tl.store(fi_ptr + slot, tl.where(fold, fi + 1, fi), mask=ok)
+
+
+def shift_and_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    """Shift the rings of folded rows and move every row's cursor past its accepted drafts."""
+    n = slots.shape[0]
+    L, cap = cache.cfg.L, cache.capacity
+    if cap > L:
+        for t in cache.ring.values():
+            inner = t[0, 0, 0].numel()
+            _shift_ring_kernel[(n, t.shape[1])](
+                slots, accepted, cache.cursor, cache.flush_index, t, slot_stride(t), t.shape[1],
+                inner, L=L, CAP=cap, BI=max(16, triton.next_power_of_2(inner)))
+    _commit_cursor_kernel[(triton.cdiv(n, 256),)](slots, accepted, cache.cursor,
+                                                  cache.flush_index, L=L, BLOCK=256, nrows=n)
+
+
+def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int = 32,
+                  num_warps: int = 4) -> torch.Tensor:
+    """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
+    Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
+    prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``)."""
+    Bsz, T, H, P = x.shape
+    G, N = Bm.shape[-2:]
+    _check_inputs(cache, x[:, 0].contiguous(), dt[:, 0].contiguous(), A, Bm[:, 0].contiguous(),
+                  C[:, 0].contiguous(), slots)
+    if T > cache.capacity - cache.cfg.L + 1:
+        raise ValueError(f"verify of {T} drafts needs spec_tokens >= {T - 1} beyond L; "
+                         f"the cache has capacity {cache.capacity} for L={cache.cfg.L}")
+    for name, t in (("x", x), ("dt", dt), ("Bm", Bm), ("C", C)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
+    src = cache.read if cache.read is not None else cache.ckpt
+    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
+    BP = min(block_p, triton.next_power_of_2(P))
+    _mamba2_verify_kernel[(Bsz, H, triton.cdiv(P, BP))](
+        x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
+        xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor,
+        T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G,
+        CAP=cache.capacity, LB=max(16, triton.next_power_of_2(cache.capacity)),
+        SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, num_warps=num_warps)
+    return y
+
+
+def mamba2_commit(cache: ReplayCache, accepted: torch.Tensor, A, slots, *,
+                  block_p: int = 16, num_warps: int = 4) -> None:
+    """Accept ``accepted (B,)`` int32 drafts per row; rows reaching L records fold the first
+    L into the checkpoint (flush numerics and SR key), the rest move to the ring's start."""
+    if accepted.dtype != torch.int32:
+        raise ValueError("accepted must be int32")
+    H, P = cache.ckpt.data.shape[1:3]
+    G, N = cache.ring["B"].shape[1], cache.ring["B"].shape[-1]
+    cfg = cache.cfg
+    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
+    BP = min(block_p, triton.next_power_of_2(P))
+    _mamba2_fold_kernel[(slots.shape[0], H, triton.cdiv(P, BP))](
+        A, slots, accepted, *_state_args(cache.ckpt, slots), *_state_args(cache.read, slots),
+        xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
+        cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
+        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity,
+        LB=max(16, triton.next_power_of_2(cache.capacity)), CK_FMT=_fmt(cache.ckpt),
+        RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, BP=BP, num_warps=num_warps)
+    shift_and_commit(cache, accepted, slots)
