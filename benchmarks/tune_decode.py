@@ -75,14 +75,15 @@ def main() -> int:
             cfg = PRESETS[cname]
             sb = step_bytes(cfg, shape)
             luts = (False, True) if cfg.read_format.name == "nvfp4" else (False,)
-            variants = [dict(blk=b, nw=w, lut=lut, fblk=16, fw=4)
+            variants = [dict(blk=b, nw=w, lut=lut, fblk=16)
                         for b in args.blocks for w in args.warps for lut in luts]
-            variants += [dict(blk=args.blocks[0], nw=4, lut=False, fblk=fb, fw=fw)
-                         for fb, fw in ((32, 4), (16, 8), (16, 2))]
+            if cfg.L > 1:
+                variants += [dict(blk=args.blocks[0], nw=4, lut=False, fblk=32)]
             for v in variants:
                 t0 = time.time()
-                kw = {mk: v["blk"], "num_warps": v["nw"], "lut": v["lut"], fk: v["fblk"],
-                      "flush_warps": v["fw"]}
+                kw = {mk: v["blk"], "num_warps": v["nw"], fk: v["fblk"]}
+                if cfg.L > 1:
+                    kw["lut"] = v["lut"]
                 m = measure(shape, args.batch, cfg, 10, **kw)
                 fr = sb.window_average * args.batch / (m["window_us"] * 1e-6) / bw
                 frn = sb.nonflush * args.batch / (m["nonflush_us"] * 1e-6) / bw

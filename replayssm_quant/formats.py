@@ -279,6 +279,14 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, one), torch.zeros_like(num))
 
 
+def _safe_recip(den: torch.Tensor) -> torch.Tensor:
+    """1 / den (IEEE RN), 0 where den == 0 (empty rows/blocks) or den is NaN. Elements are
+    scaled by multiplying with this reciprocal: one division per row or block, not per
+    element, which is what makes the kernels' encoders cheap."""
+    ok = den > 0
+    return torch.where(ok, 1.0 / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
+
+
 def encode_e2m1(v: torch.Tensor) -> torch.Tensor:
     """fp32 values already on the E2M1 grid -> 4-bit codes (uint8, one per element)."""
     mag = v.abs()
@@ -352,7 +360,7 @@ def quantize(
         return QTensor(fmt, v.to(fmt.dtype), nan_count=nans)
     if fmt.name.startswith("fp8"):
         row_scale = _finite_amax(x) / fmt.max_finite
-        t = _safe_div(x, row_scale.unsqueeze(-1))
+        t = x * _safe_recip(row_scale).unsqueeze(-1)
         t = torch.where(torch.isnan(x), x, t)
         t = torch.where(torch.isinf(x), x, t)  # inf saturates
         v = round_elements(t, fmt, rounding, r)
@@ -363,7 +371,7 @@ def quantize(
             raise ValueError(f"nvfp4 rows need a length divisible by 32 (16-blocks, pairs); got {n}")
         row_scale, s, eff = nvfp4_scales(x)
         blocks = x.reshape(*x.shape[:-1], n // 16, 16)
-        t = _safe_div(blocks, eff.unsqueeze(-1))
+        t = blocks * _safe_recip(eff).unsqueeze(-1)
         t = torch.where(torch.isinf(blocks), blocks, t)
         t = t.reshape(x.shape)
         v = round_elements(t, fmt, rounding, r)

@@ -116,7 +116,7 @@ def safe_div(num, den):
 def fp8_row_encode(x, r, SR: tl.constexpr):
     """Rows of x (BR, N) -> (values on the e4m3 grid as fp32, row scale (BR,))."""
     scale = tl.math.div_rn(tl.max(finite_abs(x), axis=1), 448.0)
-    t = safe_div(x, scale[:, None])
+    t = x * safe_div(1.0, scale)[:, None]
     t = tl.where(x != x, x, t)
     t = tl.where(tl.abs(x) == float("inf"), x, t)
     return round_grid(t, r, 3, -6, 448.0, SR), scale
@@ -144,27 +144,28 @@ def e2m1_value(code):
 
 @triton.jit
 def nvfp4_row_encode(x, r, BR: tl.constexpr, N: tl.constexpr, SR: tl.constexpr):
-    """Rows of x (BR, N) -> (packed codes (BR, N//2) uint8, block scales (BR, N//16) fp32 on the
-    E4M3 grid, row scale (BR,), dequantized values (BR, N))."""
-    ax = finite_abs(x)
-    row_scale = tl.math.div_rn(tl.max(ax, axis=1), 2688.0)
-    blk_amax = tl.max(tl.reshape(ax, (BR, N // 16, 16)), axis=2)
+    """Rows of x (BR, N) -> (packed codes (BR, N//16, 8) uint8, block scales (BR, N//16) fp32
+    on the E4M3 grid, row scale (BR,), dequantized values (BR, N)). Works on a (BR, blocks, 16)
+    view throughout so block reductions need no further reshapes."""
+    NB: tl.constexpr = N // 16
+    x3 = tl.reshape(x, (BR, NB, 16))
+    ax = finite_abs(x3)
+    blk_amax = tl.max(ax, axis=2)
+    row_scale = tl.math.div_rn(tl.max(blk_amax, axis=1), 2688.0)
     s = safe_div(blk_amax, 6.0 * row_scale[:, None])
     s = tl.minimum(tl.maximum(s, 0.001953125), 448.0)
     s = round_grid(s, s.to(tl.uint32, bitcast=True), 3, -6, 448.0, False)
-    xb = tl.reshape(x, (BR, N // 16, 16))
-    blk_nan = tl.max((xb != xb).to(tl.int32), axis=2) > 0
+    blk_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
     s = tl.where(blk_nan, float("nan"), s)
     eff = s * row_scale[:, None]
-    t = safe_div(xb, eff[:, :, None])
-    t = tl.where(tl.abs(xb) == float("inf"), xb, t)
-    t = tl.reshape(t, (BR, N))
-    v = round_grid(t, r, 1, 0, 6.0, SR)
+    t = x3 * safe_div(1.0, eff)[:, :, None]
+    t = tl.where(tl.abs(x3) == float("inf"), x3, t)
+    v = round_grid(t, tl.reshape(r, (BR, NB, 16)), 1, 0, 6.0, SR)
     v = tl.where(v != v, 0.0, v)
     code = e2m1_code(v)
-    lo, hi = tl.split(tl.reshape(code, (BR, N // 2, 2)))
+    lo, hi = tl.split(tl.reshape(code, (BR, NB, 8, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
-    deq = tl.reshape(tl.reshape(v, (BR, N // 16, 16)) * eff[:, :, None], (BR, N))
+    deq = tl.reshape(v * eff[:, :, None], (BR, N))
     return packed, s, row_scale, deq
 
 
@@ -209,9 +210,10 @@ def store_rows(S, r, base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: t
     nans = tl.sum(tl.sum(((S != S) & mask_r[:, None]).to(tl.int32), axis=1), axis=0)
     if FMT == 4:
         packed, s, rs, deq = nvfp4_row_encode(S, r, BR, N, SR)
-        half = tl.arange(0, N // 2)
         blk = tl.arange(0, N // 16)
-        tl.store(base + rows[:, None] * (N // 2) + half[None, :], packed, mask=mask_r[:, None])
+        e8 = tl.arange(0, 8)
+        tl.store(base + rows[:, None, None] * (N // 2) + blk[None, :, None] * 8 + e8[None, None, :],
+                 packed, mask=mask_r[:, None, None])
         s8 = s.to(bscale_base.dtype.element_ty).to(tl.uint8, bitcast=True)
         s8 = tl.where(s != s, 0x7F, s8).to(tl.uint8)  # E4M3 NaN, whatever the converter does
         tl.store(bscale_base + rows[:, None] * (N // 16) + blk[None, :],
@@ -234,6 +236,15 @@ def store_rows(S, r, base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: t
 
 
 @triton.jit
+def e2m1_value_fast(p):
+    """Low nibble of p (int32) -> fp32 E2M1 value in 5 integer ops and one multiply: the
+    3 magnitude bits land in the fp32 exponent/mantissa fields unbiased, which is exactly the
+    value times 2^-126 (idx 1 becomes the subnormal 2^-127), then one exact scaling."""
+    bits = ((p & 7) << 22) | ((p & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37
+
+
+@triton.jit
 def e2m1_lut_value(code, lut_ptr):
     """4-bit codes -> fp32 through a 16-entry table (served from L1)."""
     return tl.load(lut_ptr + code)
@@ -248,27 +259,28 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
     so each half is dotted with the even / odd entries of the vector, and the per-16 block
     scale multiplies the partial products (fp32 throughout). ``vb`` only when TWO."""
     if FMT == 4:
-        half = tl.arange(0, N // 2)
-        p = tl.load(base + rows[:, None] * (N // 2) + half[None, :], mask=mask_r[:, None],
-                    other=0).to(tl.int32)
-        bs = tl.load(bscale_base + rows[:, None] * (N // 16) + (half // 8)[None, :],
-                     mask=mask_r[:, None], other=0.0).to(tl.float32)
-        rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        NB: tl.constexpr = N // 16
+        blk = tl.arange(0, NB)
+        e8 = tl.arange(0, 8)
+        p = tl.load(base + rows[:, None, None] * (N // 2) + blk[None, :, None] * 8
+                    + e8[None, None, :], mask=mask_r[:, None, None], other=0).to(tl.int32)
         if LUT:
             lo = e2m1_lut_value(p & 15, lut_ptr)
             hi = e2m1_lut_value(p >> 4, lut_ptr)
         else:
-            lo = e2m1_value(p & 15)
-            hi = e2m1_value(p >> 4)
-        lo = lo * bs
-        hi = hi * bs
-        ae = tl.load(va_ptr + 2 * half).to(tl.float32)
-        ao = tl.load(va_ptr + 2 * half + 1).to(tl.float32)
-        ya = tl.sum(lo * ae[None, :] + hi * ao[None, :], axis=1) * rs
+            lo = e2m1_value_fast(p)
+            hi = e2m1_value_fast(p >> 4)
+        ev = 2 * (blk[:, None] * 8 + e8[None, :])
+        ae = tl.load(va_ptr + ev).to(tl.float32)
+        ao = tl.load(va_ptr + ev + 1).to(tl.float32)
+        bs = tl.load(bscale_base + rows[:, None] * NB + blk[None, :], mask=mask_r[:, None],
+                     other=0.0).to(tl.float32)
+        rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        ya = tl.sum(tl.sum(lo * ae[None] + hi * ao[None], axis=2) * bs, axis=1) * rs
         if TWO:
-            be = tl.load(vb_ptr + 2 * half).to(tl.float32)
-            bo = tl.load(vb_ptr + 2 * half + 1).to(tl.float32)
-            yb = tl.sum(lo * be[None, :] + hi * bo[None, :], axis=1) * rs
+            be = tl.load(vb_ptr + ev).to(tl.float32)
+            bo = tl.load(vb_ptr + ev + 1).to(tl.float32)
+            yb = tl.sum(tl.sum(lo * be[None] + hi * bo[None], axis=2) * bs, axis=1) * rs
         else:
             yb = ya
         return ya, yb

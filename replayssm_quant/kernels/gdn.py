@@ -58,69 +58,6 @@ def _gdn_conv_kernel(
 
 
 @triton.jit
-def _gdn_nonflush_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
-    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
-    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-    cur_ptr, lut_ptr,
-    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
-    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
-):
-    """Non-flush rows: u_t and o_t from the read source + ring; append this token's record."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    vt = tl.program_id(2)
-    slot = tl.load(slots_ptr + b)
-    if slot >= 0:
-        c = tl.load(cur_ptr + slot)
-        if c != L - 1:
-            RATIO: tl.constexpr = HV // HK
-            hk = h // RATIO
-            vv = vt * BV + tl.arange(0, BV)
-            mv = vv < V
-            kk = tl.arange(0, K)
-            j = tl.arange(0, LB)
-            mj = j < c
-            q_row = q_ptr + (b * HK + hk) * K
-            k_row = k_ptr + (b * HK + hk) * K
-            q = tl.load(q_row + kk).to(tl.float32)
-            k = tl.load(k_row + kk).to(tl.float32)
-            v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
-            gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
-            beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
-            gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-            cum = tl.cumsum(gr, 0)
-            total = tl.sum(gr, 0) + gt
-            dec = tl.where(mj, tl.exp(total - cum), 0.0)
-            Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                         mask=mj[:, None], other=0.0).to(tl.float32)
-            U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
-                        mask=mj[None, :] & mv[:, None], other=0.0)
-            sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                              src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
-                              lut_ptr, SRC_FMT, BV, K, True, LUT)
-            kkt = tl.sum(Kr * k[None, :], axis=1)
-            kq = tl.sum(Kr * q[None, :], axis=1)
-            G = tl.exp(total)
-            w = G * sk + tl.sum(U * (dec * kkt)[None, :], axis=1)
-            u = beta * (v - w)
-            o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * tl.sum(k * q, axis=0)
-            tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
-            tl.store(ur_ptr + slot * s_ur + (h * CAP + c) * V + vv, u, mask=mv)
-            if RECOMPUTE:
-                tl.store(vr_ptr + slot * s_vr + (h * CAP + c) * V + vv,
-                         v.to(vr_ptr.dtype.element_ty), mask=mv)
-            if vt == 0:
-                tl.store(gr_ptr + slot * s_gr + h * CAP + c, gt)
-                if RECOMPUTE:
-                    tl.store(br_ptr + slot * s_br + h * CAP + c, beta)
-                if h % RATIO == 0:
-                    tl.store(kr_ptr + slot * s_kr + (hk * CAP + c) * K + kk,
-                             k.to(kr_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC: tl.constexpr):
     """u_j = beta_j (v_j - a_j S_{j-1} k_j) for records j < NREC, sequentially from the
     checkpoint S (the UT transform written as forward substitution)."""
@@ -140,17 +77,23 @@ def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC:
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
-def _gdn_flush_kernel(
+def _gdn_replay_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-    cur_ptr, fi_ptr, nan_ptr, seed, layer,
+    cur_ptr, fi_ptr, nan_ptr, lut_ptr, seed, layer,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, BVF: tl.constexpr, LUT: tl.constexpr,
 ):
+    """One ReplaySSM step per (row, value head, BV value rows); the cursor picks the path.
+
+    Non-flush: u_t and o_t from the read source (S k and S q in one pass) + ring, append the
+    record. Flush: BVF rows at a time, recompute the window's u's from the checkpoint when a
+    read copy exists, fold, write the checkpoint and the read copy.
+    """
     b = tl.program_id(0)
     h = tl.program_id(1)
     vt = tl.program_id(2)
@@ -158,15 +101,14 @@ def _gdn_flush_kernel(
     if slot >= 0:
         RATIO: tl.constexpr = HV // HK
         hk = h // RATIO
-        vv = vt * BV + tl.arange(0, BV)
-        mv = vv < V
         kk = tl.arange(0, K)
         j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
         mj = j < c
-        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-        v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+        q_row = q_ptr + (b * HK + hk) * K
+        k_row = k_ptr + (b * HK + hk) * K
+        q = tl.load(q_row + kk).to(tl.float32)
+        k = tl.load(k_row + kk).to(tl.float32)
         gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
         beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
         gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
@@ -175,38 +117,73 @@ def _gdn_flush_kernel(
         dec = tl.where(mj, tl.exp(total - cum), 0.0)  # decay from record j to now
         Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
                      mask=mj[:, None], other=0.0).to(tl.float32)
-        rows = h * V + vv
+        kkt = tl.sum(Kr * k[None, :], axis=1)
+        G = tl.exp(total)
         if c == L - 1:
-            S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                          ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, BV, K)
-            if RECOMPUTE:
-                # u_j = beta_j (v_j - a_j S_{j-1} k_j) for every record, from the checkpoint
-                Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
-                             mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
-                br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-                U = _recompute_u(S, Kr, Vr, br, gr, j, LB, BV, L - 1)
-            else:
-                U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
-                            mask=mj[None, :] & mv[:, None], other=0.0)
-            # this token: u_t from the checkpoint, then fold all L records
-            kkt = tl.sum(Kr * k[None, :], axis=1)
-            w = tl.exp(total) * tl.sum(S * k[None, :], axis=1)
-            w += tl.sum(U * (dec * kkt)[None, :], axis=1)
-            u = beta * (v - w)
-            S = tl.exp(total) * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
-            S = S + u[:, None] * k[None, :]
-            o = tl.sum(S * q[None, :], axis=1)
-            tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
             fi = tl.load(fi_ptr + slot) + 1
-            elem = rows[:, None] * K + kk[None, :]
-            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
-            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                   ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
-            if RD_FMT >= 0:
-                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                           rd_bs_ptr + slot * s_rdbs, rows, kk, mv, RD_FMT, False, BV, K)
+            nans = 0
+            if RECOMPUTE:
+                br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+            for sub in tl.static_range(BV // BVF):
+                vv = vt * BV + sub * BVF + tl.arange(0, BVF)
+                mv = vv < V
+                v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+                rows = h * V + vv
+                S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                              ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, BVF, K)
+                if RECOMPUTE:
+                    Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
+                                 mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
+                    U = _recompute_u(S, Kr, Vr, br, gr, j, LB, BVF, L - 1)
+                else:
+                    U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                                mask=mj[None, :] & mv[:, None], other=0.0)
+                w = G * tl.sum(S * k[None, :], axis=1) + tl.sum(U * (dec * kkt)[None, :], axis=1)
+                u = beta * (v - w)
+                S = G * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
+                S = S + u[:, None] * k[None, :]
+                o = tl.sum(S * q[None, :], axis=1)
+                tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
+                elem = rows[:, None] * K + kk[None, :]
+                r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+                deq, cnt = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                      ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BVF, K)
+                nans += cnt
+                if RD_FMT >= 0:
+                    store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                               rd_bs_ptr + slot * s_rdbs, rows, kk, mv, RD_FMT, False, BVF, K)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
+        else:
+            vv = vt * BV + tl.arange(0, BV)
+            mv = vv < V
+            v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+            U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                        mask=mj[None, :] & mv[:, None], other=0.0)
+            if RD_FMT >= 0:
+                sk, sq = rows_dot(rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                                  rd_bs_ptr + slot * s_rdbs, h * V + vv, mv, k_row, q_row,
+                                  lut_ptr, RD_FMT, BV, K, True, LUT)
+            else:
+                sk, sq = rows_dot(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                  ck_bs_ptr + slot * s_ckbs, h * V + vv, mv, k_row, q_row,
+                                  lut_ptr, CK_FMT, BV, K, True, LUT)
+            kq = tl.sum(Kr * q[None, :], axis=1)
+            w = G * sk + tl.sum(U * (dec * kkt)[None, :], axis=1)
+            u = beta * (v - w)
+            o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * tl.sum(k * q, axis=0)
+            tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
+            tl.store(ur_ptr + slot * s_ur + (h * CAP + c) * V + vv, u, mask=mv)
+            if RECOMPUTE:
+                tl.store(vr_ptr + slot * s_vr + (h * CAP + c) * V + vv,
+                         v.to(vr_ptr.dtype.element_ty), mask=mv)
+            if vt == 0:
+                tl.store(gr_ptr + slot * s_gr + h * CAP + c, gt)
+                if RECOMPUTE:
+                    tl.store(br_ptr + slot * s_br + h * CAP + c, beta)
+                if h % RATIO == 0:
+                    tl.store(kr_ptr + slot * s_kr + (hk * CAP + c) * K + kk,
+                             k.to(kr_ptr.dtype.element_ty))
 
 
 def _check(cache: ReplayCache, q, k, v, g, beta, slots):
@@ -235,7 +212,7 @@ def _check(cache: ReplayCache, q, k, v, g, beta, slots):
 
 def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int | None = None,
                     advance: bool = True, num_warps: int = 4, flush_block_v: int | None = None,
-                    flush_warps: int = 4, lut: bool = False,
+                    lut: bool = False,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32."""
@@ -253,25 +230,14 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                                num_warps=num_warps)
     else:
         rd = _state_args(cache.read, slots)
-        r = cache.ring
-        vr = r["v"] if "v" in r else r["u"]
-        br = r["beta"] if "beta" in r else r["g"]
-        ring = (r["k"], r["u"], r["g"], vr, br, slot_stride(r["k"]), slot_stride(r["u"]),
-                slot_stride(r["g"]), slot_stride(vr), slot_stride(br))
-        LB = max(16, triton.next_power_of_2(cache.capacity))
-        src = rd if cache.read is not None else ck
-        _gdn_nonflush_kernel[grid](
-            q, k, v, g, beta, slots, o, *src, *ring, cache.cursor, e2m1_table(q.device),
-            HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
-            SRC_FMT=_fmt(cache.read if cache.read is not None else cache.ckpt),
-            RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut, num_warps=num_warps)
-        BVF = flush_block_v or min(BV, 16)
-        _gdn_flush_kernel[(Bsz, HV, triton.cdiv(V, BVF))](
-            q, k, v, g, beta, slots, o, *ck, *rd, *ring,
-            cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
-            HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
+        BVF = min(flush_block_v or 16, BV)
+        _gdn_replay_kernel[grid](
+            q, k, v, g, beta, slots, o, *ck, *rd, *_ring_args(cache),
+            cache.cursor, cache.flush_index, cache.nan_count, e2m1_table(q.device), cache.seed,
+            cache.layer, HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity,
+            LB=max(16, triton.next_power_of_2(cache.capacity)),
             CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-            RECOMPUTE=cfg.recompute_u, BV=BVF, num_warps=flush_warps)
+            RECOMPUTE=cfg.recompute_u, BV=BV, BVF=BVF, LUT=lut, num_warps=num_warps)
     if advance:
         advance_cursor(cache, slots)
     return o

@@ -73,43 +73,86 @@ def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.c
     return w, total, mj
 
 
-@triton.jit
-def _mamba2_nonflush_kernel(
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _mamba2_replay_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
-    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
-    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr, lut_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
+    cur_ptr, fi_ptr, nan_ptr, lut_ptr, seed, layer,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
+    BP: tl.constexpr, BPF: tl.constexpr, LUT: tl.constexpr,
 ):
-    """Non-flush rows: y from the read source + ring; append this token's record."""
+    """One ReplaySSM step per (row, head, BP head-dim rows); the row's cursor picks the path.
+
+    Non-flush: y from the read source (never a dequantized tile for NVFP4) + ring, append
+    the record. Flush (cursor == L-1): fold all L records into the checkpoint BPF rows at a
+    time (small tiles keep the flush's registers from costing the non-flush path occupancy),
+    write the checkpoint (SR when configured) and the read copy made from its new value.
+    """
     b = tl.program_id(0)
     h = tl.program_id(1)
     pt = tl.program_id(2)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
+        HPG: tl.constexpr = H // G
+        g = h // HPG
+        n = tl.arange(0, N)
+        j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
-        if c != L - 1:
-            HPG: tl.constexpr = H // G
-            g = h // HPG
+        dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        c_ptr = C_ptr + (b * G + g) * N
+        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+        Cv = tl.load(c_ptr + n).to(tl.float32)
+        w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
+        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                     mask=mj[:, None], other=0.0).to(tl.float32)
+        if c == L - 1:
+            decay = tl.exp(A * total)
+            fi = tl.load(fi_ptr + slot) + 1
+            nans = 0
+            for sub in tl.static_range(BP // BPF):
+                p = pt * BP + sub * BPF + tl.arange(0, BPF)
+                mp = p < P
+                x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
+                xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                             mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+                rows = h * P + p
+                S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                              ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, BPF, N)
+                upd = tl.dot(tl.trans(xr * w[:, None]), Br, input_precision="ieee")
+                S = decay * S + upd + (dt * x)[:, None] * Bv[None, :]
+                y = tl.sum(S * Cv[None, :], axis=1)
+                if HAS_D:
+                    y += tl.load(D_ptr + h).to(tl.float32) * x
+                tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
+                elem = rows[:, None] * N + n[None, :]
+                r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+                deq, cnt = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                      ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BPF, N)
+                nans += cnt
+                if RD_FMT >= 0:
+                    store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                               rd_bs_ptr + slot * s_rdbs, rows, n, mp, RD_FMT, False, BPF, N)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+        else:
             p = pt * BP + tl.arange(0, BP)
             mp = p < P
-            n = tl.arange(0, N)
-            j = tl.arange(0, LB)
             x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
-            dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
-            A = tl.load(A_ptr + h).to(tl.float32)
-            c_ptr = C_ptr + (b * G + g) * N
-            Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
-            Cv = tl.load(c_ptr + n).to(tl.float32)
-            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
-            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                         mask=mj[:, None], other=0.0).to(tl.float32)
             xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                          mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
-            sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                             src_bs_ptr + slot * s_srcbs, h * P + p, mp, c_ptr, c_ptr, lut_ptr,
-                             SRC_FMT, BP, N, False, LUT)
+            if RD_FMT >= 0:
+                sc, _ = rows_dot(rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                                 rd_bs_ptr + slot * s_rdbs, h * P + p, mp, c_ptr, c_ptr, lut_ptr,
+                                 RD_FMT, BP, N, False, LUT)
+            else:
+                sc, _ = rows_dot(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                 ck_bs_ptr + slot * s_ckbs, h * P + p, mp, c_ptr, c_ptr, lut_ptr,
+                                 CK_FMT, BP, N, False, LUT)
             bc = tl.sum(Br * Cv[None, :], axis=1)
             y = tl.exp(A * total) * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
             y += (dt * x) * tl.sum(Bv * Cv, axis=0)
@@ -123,63 +166,6 @@ def _mamba2_nonflush_kernel(
                 if h % HPG == 0:
                     tl.store(Br_ptr + slot * s_Br + (g * CAP + c) * N + n,
                              Bv.to(Br_ptr.dtype.element_ty))
-
-
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _mamba2_flush_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
-    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
-    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
-    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
-    cur_ptr, fi_ptr, nan_ptr, seed, layer,
-    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
-    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
-    BP: tl.constexpr,
-):
-    """Flush rows (cursor == L-1): fold all L records into the checkpoint, write it (SR when
-    configured) and the read copy made from its new value."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    pt = tl.program_id(2)
-    slot = tl.load(slots_ptr + b)
-    if slot >= 0:
-        c = tl.load(cur_ptr + slot)
-        if c == L - 1:
-            g = h // (H // G)
-            p = pt * BP + tl.arange(0, BP)
-            mp = p < P
-            n = tl.arange(0, N)
-            j = tl.arange(0, LB)
-            x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
-            dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
-            A = tl.load(A_ptr + h).to(tl.float32)
-            Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
-            Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
-            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
-            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                         mask=mj[:, None], other=0.0).to(tl.float32)
-            xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
-                         mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
-            rows = h * P + p
-            S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                          ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, BP, N)
-            upd = tl.dot(tl.trans(xr * w[:, None]), Br, input_precision="ieee")
-            S = tl.exp(A * total) * S + upd + (dt * x)[:, None] * Bv[None, :]
-            y = tl.sum(S * Cv[None, :], axis=1)
-            if HAS_D:
-                y += tl.load(D_ptr + h).to(tl.float32) * x
-            tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
-            fi = tl.load(fi_ptr + slot) + 1
-            elem = rows[:, None] * N + n[None, :]
-            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
-            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                   ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
-            if RD_FMT >= 0:
-                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                           rd_bs_ptr + slot * s_rdbs, rows, n, mp, RD_FMT, False, BP, N)
-            if nans > 0:
-                tl.atomic_add(nan_ptr, nans)
 
 
 @triton.jit
@@ -236,7 +222,7 @@ def _block_p(P: int, N: int) -> int:
 
 def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                        advance: bool = True, num_warps: int = 4, flush_block_p: int | None = None,
-                       flush_warps: int = 4, lut: bool = False,
+                       lut: bool = False,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -262,21 +248,15 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         return y
     rd = _state_args(cache.read, slots)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
-    ring = (xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br))
-    LB = max(16, triton.next_power_of_2(cache.capacity))
-    src = rd if cache.read is not None else ck
-    _mamba2_nonflush_kernel[grid](
-        x, dt, A, Bm, C, d, slots, y, *src, *ring, cache.cursor, e2m1_table(x.device),
-        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(cache.read if cache.read is not None else cache.ckpt),
-        HAS_D=D is not None, BP=BP, LUT=lut, num_warps=num_warps)
-    BPF = flush_block_p or min(BP, 32)
-    _mamba2_flush_kernel[(Bsz, H, triton.cdiv(P, BPF))](
-        x, dt, A, Bm, C, d, slots, y, *ck, *rd, *ring,
-        cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
-        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
+    BPF = min(flush_block_p or 16, BP)
+    _mamba2_replay_kernel[grid](
+        x, dt, A, Bm, C, d, slots, y, *ck, *rd,
+        xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
+        cache.cursor, cache.flush_index, cache.nan_count, e2m1_table(x.device), cache.seed,
+        cache.layer, H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity,
+        LB=max(16, triton.next_power_of_2(cache.capacity)),
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-        HAS_D=D is not None, BP=BPF, num_warps=flush_warps)
+        HAS_D=D is not None, BP=BP, BPF=BPF, LUT=lut, num_warps=num_warps)
     if advance:
         advance_cursor(cache, slots)
     return y
