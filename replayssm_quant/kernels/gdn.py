@@ -125,33 +125,33 @@ def _gdn_replay_kernel(
             if RECOMPUTE:
                 br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
             for sub in tl.static_range(BV // BVF):
-                vv = vt * BV + sub * BVF + tl.arange(0, BVF)
-                mv = vv < V
-                v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
-                rows = h * V + vv
-                S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                              ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, BVF, K)
+                vvf = vt * BV + sub * BVF + tl.arange(0, BVF)
+                mvf = vvf < V
+                vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
+                rowsf = h * V + vvf
+                Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                              ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
                 if RECOMPUTE:
-                    Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
-                                 mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
-                    U = _recompute_u(S, Kr, Vr, br, gr, j, LB, BVF, L - 1)
+                    Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
+                                 mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
+                    Uf = _recompute_u(Sf, Kr, Vrf, br, gr, j, LB, BVF, L - 1)
                 else:
-                    U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
-                                mask=mj[None, :] & mv[:, None], other=0.0)
-                w = G * tl.sum(S * k[None, :], axis=1) + tl.sum(U * (dec * kkt)[None, :], axis=1)
-                u = beta * (v - w)
-                S = G * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
-                S = S + u[:, None] * k[None, :]
-                o = tl.sum(S * q[None, :], axis=1)
-                tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
-                elem = rows[:, None] * K + kk[None, :]
-                r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
-                deq, cnt = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                      ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BVF, K)
-                nans += cnt
+                    Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
+                                mask=mj[None, :] & mvf[:, None], other=0.0)
+                wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
+                uf = beta * (vf - wf)
+                Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision="ieee")
+                Sf = Sf + uf[:, None] * k[None, :]
+                of = tl.sum(Sf * q[None, :], axis=1)
+                tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
+                elemf = rowsf[:, None] * K + kk[None, :]
+                rf = sr_words(seed, layer, slot, fi, elemf) if SR else elemf.to(tl.uint32)
+                deqf, cntf = store_rows(Sf, rf, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                      ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, SR, BVF, K)
+                nans += cntf
                 if RD_FMT >= 0:
-                    store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                               rd_bs_ptr + slot * s_rdbs, rows, kk, mv, RD_FMT, False, BVF, K)
+                    store_rows(deqf, rf, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                               rd_bs_ptr + slot * s_rdbs, rowsf, kk, mvf, RD_FMT, False, BVF, K)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         else:

@@ -115,28 +115,28 @@ def _mamba2_replay_kernel(
             fi = tl.load(fi_ptr + slot) + 1
             nans = 0
             for sub in tl.static_range(BP // BPF):
-                p = pt * BP + sub * BPF + tl.arange(0, BPF)
-                mp = p < P
-                x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
-                xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
-                             mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
-                rows = h * P + p
-                S = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                              ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, BPF, N)
-                upd = tl.dot(tl.trans(xr * w[:, None]), Br, input_precision="ieee")
-                S = decay * S + upd + (dt * x)[:, None] * Bv[None, :]
-                y = tl.sum(S * Cv[None, :], axis=1)
+                pf = pt * BP + sub * BPF + tl.arange(0, BPF)
+                mpf = pf < P
+                xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
+                xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
+                             mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
+                rowsf = h * P + pf
+                Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                              ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
+                updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision="ieee")
+                Sf = decay * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
+                yf = tl.sum(Sf * Cv[None, :], axis=1)
                 if HAS_D:
-                    y += tl.load(D_ptr + h).to(tl.float32) * x
-                tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
-                elem = rows[:, None] * N + n[None, :]
-                r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
-                deq, cnt = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                      ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BPF, N)
-                nans += cnt
+                    yf += tl.load(D_ptr + h).to(tl.float32) * xf
+                tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
+                elemf = rowsf[:, None] * N + n[None, :]
+                rf = sr_words(seed, layer, slot, fi, elemf) if SR else elemf.to(tl.uint32)
+                deqf, cntf = store_rows(Sf, rf, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                      ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, SR, BPF, N)
+                nans += cntf
                 if RD_FMT >= 0:
-                    store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                               rd_bs_ptr + slot * s_rdbs, rows, n, mp, RD_FMT, False, BPF, N)
+                    store_rows(deqf, rf, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                               rd_bs_ptr + slot * s_rdbs, rowsf, n, mpf, RD_FMT, False, BPF, N)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         else:
