@@ -8,6 +8,7 @@ so SR is done in software here.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.random import philox
