@@ -33,7 +33,7 @@ class GutenbergUnavailable(RuntimeError):
 
 
 def cache_root() -> Path:
-    """Root of the package's download cache: ``$REPLAYSSM_CACHE`` or ``~/.cache/replayssm_quant``."""
+    """Root of the download cache: ``$REPLAYSSM_CACHE`` or ``~/.cache/replayssm_quant``."""
     env = os.environ.get("REPLAYSSM_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "replayssm_quant"
 

@@ -1,0 +1,1 @@
+"""Accuracy evaluation: teacher-forced KL drift, lm-eval tasks, data sources, statistics."""
