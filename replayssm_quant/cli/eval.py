@@ -1,0 +1,203 @@
+"""``replayssm-quant eval``: GPQA-Diamond / MMLU-Pro / MATH Level 5 under precision configs,
+paired against the FP32 reference."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+DEFAULT_TASKS = "gpqa_diamond,mmlu_pro,math_l5"
+DEFAULT_CONFIGS = "fp32,nvfp4-read/fp32,nvfp4-read/fp8-sr,shared-nvfp4"
+
+
+def _split_configs(values: list[str]) -> list[str]:
+    """Config arguments to config strings: values hold configs separated by commas, spaces or
+    semicolons; the ``read=``/``L=``/``prefill=`` fields after a ``ckpt=`` belong to it."""
+    out: list[str] = []
+    for value in values:
+        for tok in (t for t in re.split(r"[,;\s]+", value) if t):
+            key = tok.split("=", 1)[0].lower() if "=" in tok else None
+            if key in ("read", "l", "prefill") and out and out[-1].lower().startswith("ckpt="):
+                out[-1] = f"{out[-1]},{tok}"
+            else:
+                out.append(tok)
+    return out
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:.1f}"
+
+
+def _p(x: Any) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+class _Progress:
+    """Rich progress: one bar over the (task, config) runs, one over the current run's requests."""
+
+    def __init__(self, progress: Progress, console: Console, total: int) -> None:
+        self.progress = progress
+        self.console = console
+        self.runs = progress.add_task("runs", total=total)
+        self.reqs = None
+
+    def run_started(self, task: str, config: str, index: int, total: int) -> None:
+        self.progress.update(self.runs, total=total, completed=index - 1,
+                             description=f"{task} × {config}")
+        if self.reqs is not None:
+            self.progress.remove_task(self.reqs)
+        self.reqs = self.progress.add_task(f"  {task} × {config}: generations", total=None)
+
+    def requests(self, done: int, total: int) -> None:
+        if self.reqs is not None:
+            self.progress.update(self.reqs, total=total, completed=done)
+
+    def run_finished(self, task: str, config: str, summary: dict[str, Any], cached: bool,
+                     seconds: float) -> None:
+        self.progress.advance(self.runs)
+        how = "cached" if cached else f"{seconds:.0f} s"
+        self.console.print(
+            f"{task} × {config}: n={summary.get('n')} accuracy {_pct(summary.get('accuracy'))}% "
+            f"(lm-eval {_pct(summary.get('accuracy_raw'))}%), truncated "
+            f"{_pct(summary.get('truncation_rate'))}%, invalid "
+            f"{_pct(summary.get('invalid_rate'))}% [{how}]")
+
+
+def _print_summary(console: Console, summary: dict[str, Any]) -> None:
+    t = Table(title=f"{summary['model']}: accuracy vs {summary['reference']} (paired: same "
+              "items, prompts and seeds)", title_justify="left")
+    for col in ("task", "config", "n", "acc %", "95% CI", "Δ pts", "Δ 95% CI", "McNemar p",
+                "flips %", "trunc %", "invalid %"):
+        t.add_column(col, justify="left" if col in ("task", "config") else "right",
+                     no_wrap=True)
+    for r in summary["results"]:
+        lo, hi, dlo, dhi = (r.get(k) for k in ("accuracy_lo", "accuracy_hi", "delta_lo",
+                                               "delta_hi"))
+        t.add_row(r["task"], r.get("name") or r["config"], str(r["n"]), _pct(r.get("accuracy")),
+                  "–" if lo is None else f"{_pct(lo)}–{_pct(hi)}",
+                  "–" if r.get("delta") is None else f"{100 * r['delta']:+.1f}",
+                  "–" if dlo is None else f"{100 * dlo:+.1f}…{100 * dhi:+.1f}",
+                  _p(r.get("mcnemar_p")), _pct(r.get("flip_rate")),
+                  _pct(r.get("truncation_rate")), _pct(r.get("invalid_rate")))
+    console.print(t)
+
+
+def _quiet() -> None:
+    """lm-eval warns on every run that gen_kwargs override the YAML (that is the point here),
+    and datasets draws a progress bar per split and filter: keep the console to our progress."""
+    import logging
+
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_(
+        model: Annotated[str, typer.Argument(
+            help="A bundled fixture (nemotron-h-tiny, qwen3.5-tiny), a Hugging Face hub id or "
+                 "local folder of a NemotronH / Qwen3.5 / Qwen3-Next model, or "
+                 "random:<model_type>.")],
+        tasks: Annotated[str, typer.Option(
+            help="Comma-separated: gpqa_diamond, mmlu_pro, math_l5.")] = DEFAULT_TASKS,
+        configs: Annotated[list[str] | None, typer.Option(
+            "--configs", "-c",
+            help="Precision configs (presets or 'ckpt=..,read=..,L=..'), comma-separated or "
+                 "repeated; fp32 (the reference) is always run.")] = None,
+        data: Annotated[Path | None, typer.Option(
+            help="Folder of local task data in the hub's schemas (gpqa_diamond.csv|jsonl, "
+                 "mmlu_pro/{test,validation}*.parquet, math/test.jsonl ...); default: the "
+                 "Hugging Face hub.")] = None,
+        limit: Annotated[float | None, typer.Option(
+            help="Items per lm-eval task (groups: per subject); < 1 is a fraction.")] = None,
+        max_gen_toks: Annotated[int, typer.Option(
+            help="Generation limit for every task; answers that hit it are counted as "
+                 "truncated.")] = 32768,
+        out: Annotated[Path, typer.Option(help="Output folder (resumable).")] = Path("eval-out"),
+        seed: Annotated[int, typer.Option(
+            help="Seeds Python's random before each task (GPQA choice order), the few-shot "
+                 "sampler and the stochastic-rounding stream.")] = 0,
+        backend: Annotated[str, typer.Option(
+            help="hf: ReplaySSM decode of the Hugging Face model (reference on CPU, Triton "
+                 "kernels on CUDA); vllm: lm-eval's vLLM backend with the ReplaySSM "
+                 "plugin.")] = "hf",
+        device: Annotated[str, typer.Option(help="hf backend device.")] = "cpu",
+        dtype: Annotated[str, typer.Option(
+            help="Compute dtype: float32, bfloat16, float16 (vllm: also auto).")] = "float32",
+        batch_size: Annotated[int, typer.Option(help="Sequences decoded together.")] = 8,
+        resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
+    ) -> None:
+        """Run the task suite under each config and compare every config with the FP32
+        reference on identical items: accuracy with CI, paired difference with a bootstrap
+        CI, McNemar p, flip, truncation and invalid-answer rates."""
+        from ..evals.suite import SuiteSettings, run_suite
+        from ..evals.tasks import TaskDataError, resolve_tasks
+        from ..precision import parse_config
+
+        console = Console(stderr=True)
+        try:
+            specs = resolve_tasks(tasks)
+            cfg_list = _split_configs(configs or [DEFAULT_CONFIGS])
+            for c in cfg_list:
+                parse_config(c)
+            if backend not in ("hf", "vllm"):
+                raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
+            if backend == "vllm":
+                from ..evals.lm_backend import vllm_available
+
+                if not vllm_available():
+                    raise ValueError("--backend vllm needs vLLM, which is not installed "
+                                     "(pip install 'replayssm-quant[vllm]')")
+            if dtype not in ("float32", "bfloat16", "float16", "auto") or (
+                    dtype == "auto" and backend == "hf"):
+                raise ValueError(f"unsupported --dtype {dtype!r}")
+            if max_gen_toks < 1:
+                raise ValueError("--max-gen-toks must be >= 1")
+            lim: int | float | None = limit
+            if limit is not None:
+                if limit <= 0:
+                    raise ValueError("--limit must be > 0")
+                lim = int(limit) if limit >= 1 else float(limit)
+        except ValueError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        if data is not None:
+            os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        settings = SuiteSettings(
+            model=model, tasks=tuple(s.key for s in specs), configs=tuple(cfg_list), limit=lim,
+            max_gen_toks=max_gen_toks, seed=seed, data=str(data.resolve()) if data else None,
+            backend=backend, dtype=dtype, device=device, batch_size=batch_size)
+        _quiet()
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        try:
+            with Progress(*columns, console=console, transient=False) as progress:
+                n_cfg = len({str(parse_config(c)) for c in ["fp32", *cfg_list]})
+                result = run_suite(settings, out, resamples=resamples,
+                                   progress=_Progress(progress, console, len(specs) * n_cfg))
+        except (TaskDataError, ValueError, OSError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        _print_summary(Console(width=max(Console().width, 140)), result.summary)
+        console.print(f"wrote {out}/summary.json, {out}/items.parquet and runs/ "
+                      f"({len(result.ran)} run, {len(result.cached)} cached)")
