@@ -8,59 +8,15 @@ letter lm-eval's shuffling gave it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 
-import pandas as pd
-
-LETTERS = "ABCDEFGHIJ"
-MMLU_CATEGORIES = ("biology", "math")
-MATH_TYPES = ("Algebra", "Number Theory")
-
-
-def write_task_data(root: Path, *, gpqa: int = 4, mmlu_test: int = 3, mmlu_val: int = 5,
-                    math: int = 3) -> Path:
-    """Write ``gpqa/gpqa_diamond.csv``, ``mmlu_pro/{test,validation}-*.parquet`` and
-    ``math/test.jsonl`` under ``root``."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "gpqa").mkdir(exist_ok=True)
-    rows = [{"Question": f"[gpqa:{i}] Which label belongs to item {i}?",
-             "Correct Answer": f"right-{i}", "Incorrect Answer 1": f"wrong-a-{i}",
-             "Incorrect Answer 2": f"wrong-b-{i}", "Incorrect Answer 3": f"wrong-c-{i}",
-             "Record ID": f"rec{i}", "Subdomain": "Test"} for i in range(gpqa)]
-    pd.DataFrame(rows).to_csv(root / "gpqa" / "gpqa_diamond.csv", index=False)
-    (root / "mmlu_pro").mkdir(exist_ok=True)
-    splits: dict[str, list[dict]] = {"test": [], "validation": []}
-    qid = 0
-    for cat in MMLU_CATEGORIES:
-        for split, n in (("test", mmlu_test), ("validation", mmlu_val)):
-            for _ in range(n):
-                ans = (qid * 7 + 3) % 10
-                splits[split].append({
-                    "question_id": qid, "question": f"[mmlu:{qid}] Which option is right?",
-                    "options": [f"right-{qid}" if k == ans else f"opt-{qid}-{k}"
-                                for k in range(10)],
-                    "answer": LETTERS[ans], "answer_index": ans,
-                    "cot_content": f"A: Let's think step by step. The answer is "
-                                   f"({LETTERS[ans]}).",
-                    "category": cat, "src": f"ori_mmlu-{cat}"})
-                qid += 1
-    for split, rows in splits.items():
-        pd.DataFrame(rows).to_parquet(root / "mmlu_pro" / f"{split}-00000-of-00001.parquet")
-    (root / "math").mkdir(exist_ok=True)
-    with open(root / "math" / "test.jsonl", "w") as fh:
-        i = 0
-        for typ in MATH_TYPES:
-            for j in range(math + 1):
-                a, b = i + 2, 3 * i + 1
-                level = "Level 5" if j < math else "Level 3"  # one row the task must drop
-                fh.write(json.dumps({"problem": f"[math:{i}] Compute ${a}+{b}$.",
-                                     "solution": f"Adding, ${a}+{b}=\\boxed{{{a + b}}}$.",
-                                     "level": level, "type": typ}) + "\n")
-                i += 1
-    return root
+from replayssm_quant.evals.offline_data import (  # noqa: F401  (re-exported for tests)
+    LETTERS,
+    MATH_TYPES,
+    MMLU_CATEGORIES,
+    write_task_data,
+)
 
 
 def item_of(context: str) -> tuple[str, int]:
