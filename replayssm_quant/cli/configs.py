@@ -44,9 +44,16 @@ def register(app: typer.Typer) -> None:
         config: Annotated[list[str] | None, typer.Option(
             "--config", "-c", help="Extra config strings to list, e.g. 'ckpt=fp16:sr,read=fp8,L=8'")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+        vllm_page: Annotated[bool, typer.Option(
+            "--vllm-page", help="Bytes per request in vLLM's cache per preset (the plugin's page "
+            "layout: conv state, checkpoint, read copy, ring), for one layer.")] = False,
+        tp: Annotated[int, typer.Option(help="Tensor-parallel size for --vllm-page.")] = 1,
     ) -> None:
         """List the precision presets with their state bytes per decode step (one layer, one
         sequence) and traffic relative to conventional FP32 decoding."""
+        if vllm_page:
+            _print_vllm_page(shape, config, tp, as_json)
+            return
         try:
             rows = configs_table(shape, config)
         except ValueError as e:
@@ -65,3 +72,24 @@ def register(app: typer.Typer) -> None:
                       _fmt_bytes(r["nonflush_bytes"]), _fmt_bytes(r["flush_bytes"]),
                       f"{r['traffic_vs_fp32']:.3f}")
         Console(width=max(Console().width, 132)).print(t)
+
+
+def _print_vllm_page(shape: str, config: list[str] | None, tp: int, as_json: bool) -> None:
+    from ..vllm_plugin.layout import vllm_page_table
+
+    try:
+        rows = vllm_page_table(shape, config or [], tp=tp)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    t = Table(title=f"vLLM cache bytes per request and layer, {rows[0]['shape']}, TP={tp}")
+    for col in ("preset", "config", "page", "checkpoint", "read copy", "ring", "vs stock FP32"):
+        t.add_column(col, justify="left" if col in ("preset", "config") else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r["name"], r["config"], _fmt_bytes(r["page_bytes"]), _fmt_bytes(r["ckpt_bytes"]),
+                  _fmt_bytes(r["read_bytes"]), _fmt_bytes(r["ring_bytes"]),
+                  f"{r['vs_stock_fp32']:.3f}")
+    Console(width=max(Console().width, 132)).print(t)
