@@ -317,3 +317,19 @@ def e2m1_table(device) -> torch.Tensor:
         vals = list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
         _E2M1_TABLES[key] = torch.tensor(vals, dtype=torch.float32, device=device)
     return _E2M1_TABLES[key]
+
+
+@triton.jit
+def write_state(S, slot, fi, seed, layer, rows, n_idx, mask_r,
+                ck, ck_rs, ck_bs, rd, rd_rs, rd_bs,
+                CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr,
+                BR: tl.constexpr, N: tl.constexpr):
+    """Write fp32 rows S as the new checkpoint (SR words keyed by slot and flush index ``fi``)
+    and, when RD_FMT >= 0, the read copy made from the checkpoint's new value. Pointers are
+    already offset to the slot. Returns the number of NaNs written."""
+    elem = rows[:, None] * N + n_idx[None, :]
+    r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+    deq, nans = store_rows(S, r, ck, ck_rs, ck_bs, rows, n_idx, mask_r, CK_FMT, SR, BR, N)
+    if RD_FMT >= 0:
+        store_rows(deq, r, rd, rd_rs, rd_bs, rows, n_idx, mask_r, RD_FMT, False, BR, N)
+    return nans

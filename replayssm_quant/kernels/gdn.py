@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .cache import ReplayCache, slot_stride
-from .common import e2m1_table, load_rows, rows_dot, sr_words, store_rows
+from .common import e2m1_table, load_rows, rows_dot, sr_words, store_rows, write_state
 from .mamba2 import _fmt, _state_args, advance_cursor
 
 
@@ -144,14 +144,13 @@ def _gdn_replay_kernel(
                 Sf = Sf + uf[:, None] * k[None, :]
                 of = tl.sum(Sf * q[None, :], axis=1)
                 tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
-                elemf = rowsf[:, None] * K + kk[None, :]
-                rf = sr_words(seed, layer, slot, fi, elemf) if SR else elemf.to(tl.uint32)
-                deqf, cntf = store_rows(Sf, rf, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                      ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, SR, BVF, K)
+                cntf = write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
+                                    ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                    ck_bs_ptr + slot * s_ckbs,
+                                    rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                                    rd_bs_ptr + slot * s_rdbs,
+                                    CK_FMT, RD_FMT, SR, BVF, K)
                 nans += cntf
-                if RD_FMT >= 0:
-                    store_rows(deqf, rf, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                               rd_bs_ptr + slot * s_rdbs, rowsf, kk, mvf, RD_FMT, False, BVF, K)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         else:
@@ -371,13 +370,12 @@ def _gdn_fold_kernel(
             dec = tl.where(mj, tl.exp(total - cum), 0.0)
             S = tl.exp(total) * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
             fi = tl.load(fi_ptr + slot) + 1
-            elem = rows[:, None] * K + kk[None, :]
-            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
-            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                   ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
-            if RD_FMT >= 0:
-                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                           rd_bs_ptr + slot * s_rdbs, rows, kk, mv, RD_FMT, False, BV, K)
+            nans = write_state(S, slot, fi, seed, layer, rows, kk, mv,
+                                ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                ck_bs_ptr + slot * s_ckbs,
+                                rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                                rd_bs_ptr + slot * s_rdbs,
+                                CK_FMT, RD_FMT, SR, BV, K)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .cache import ReplayCache, slot_stride
-from .common import FMT_CODES, FMT_NONE, e2m1_table, load_rows, rows_dot, sr_words, store_rows
+from .common import FMT_CODES, FMT_NONE, e2m1_table, load_rows, rows_dot, sr_words, store_rows, write_state
 
 
 def _fmt(st) -> int:
@@ -129,14 +129,13 @@ def _mamba2_replay_kernel(
                 if HAS_D:
                     yf += tl.load(D_ptr + h).to(tl.float32) * xf
                 tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
-                elemf = rowsf[:, None] * N + n[None, :]
-                rf = sr_words(seed, layer, slot, fi, elemf) if SR else elemf.to(tl.uint32)
-                deqf, cntf = store_rows(Sf, rf, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                      ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, SR, BPF, N)
+                cntf = write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
+                                    ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                    ck_bs_ptr + slot * s_ckbs,
+                                    rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                                    rd_bs_ptr + slot * s_rdbs,
+                                    CK_FMT, RD_FMT, SR, BPF, N)
                 nans += cntf
-                if RD_FMT >= 0:
-                    store_rows(deqf, rf, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                               rd_bs_ptr + slot * s_rdbs, rowsf, n, mpf, RD_FMT, False, BPF, N)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         else:
@@ -382,13 +381,12 @@ def _mamba2_fold_kernel(
             S = tl.exp(A * total) * S + tl.dot(tl.trans(xr * w[:, None]), Br,
                                                input_precision="ieee")
             fi = tl.load(fi_ptr + slot) + 1
-            elem = rows[:, None] * N + n[None, :]
-            r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
-            deq, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                   ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
-            if RD_FMT >= 0:
-                store_rows(deq, r, rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                           rd_bs_ptr + slot * s_rdbs, rows, n, mp, RD_FMT, False, BP, N)
+            nans = write_state(S, slot, fi, seed, layer, rows, n, mp,
+                                ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                                ck_bs_ptr + slot * s_ckbs,
+                                rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                                rd_bs_ptr + slot * s_rdbs,
+                                CK_FMT, RD_FMT, SR, BP, N)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
 
