@@ -20,6 +20,7 @@ __all__ = [
     "PrecisionConfig",
     "StepBytes",
     "parse_config",
+    "split_configs",
     "resolve_shape",
     "step_bytes",
 ]
@@ -167,6 +168,24 @@ def parse_config(text: str | PrecisionConfig) -> PrecisionConfig:
         if preset == cfg:
             return preset
     return cfg
+
+
+def split_configs(values: list[str]) -> list[str]:
+    """Command-line config arguments to config strings: each value may hold several configs
+    separated by commas, spaces or semicolons; the ``read=``/``L=``/``prefill=`` fields that
+    follow a ``ckpt=`` belong to it (``shared-nvfp4,ckpt=fp8:sr,read=nvfp4,L=16`` is two
+    configs); ``all`` stands for every preset."""
+    out: list[str] = []
+    for value in values:
+        for tok in (t for t in re.split(r"[,;\s]+", value) if t):
+            key = tok.split("=", 1)[0].strip().lower() if "=" in tok else None
+            if key in ("read", "l", "prefill") and out and out[-1].lower().startswith("ckpt="):
+                out[-1] = f"{out[-1]},{tok}"
+            elif tok.lower() == "all":
+                out.extend(PRESETS)
+            else:
+                out.append(tok)
+    return list(dict.fromkeys(out))
 
 
 def _preset(name: str, text: str) -> PrecisionConfig:

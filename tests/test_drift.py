@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 
 from replayssm_quant import kernels
 from replayssm_quant.cli.app import app
-from replayssm_quant.cli.drift import split_configs
 from replayssm_quant.evals.data import Document
 from replayssm_quant.evals.drift import NaNLogitsError, run_drift, token_metrics
 from replayssm_quant.evals.stats import (
@@ -36,6 +35,7 @@ from replayssm_quant.evals.stats import (
 )
 from replayssm_quant.models.adapters import ssm_layers, tiny_model
 from replayssm_quant.models.fixture import FIXTURES, fixture, fixture_path
+from replayssm_quant.precision import split_configs
 
 TEXT = ("Now is the winter of our discontent made glorious summer by this sun of York; and all "
         "the clouds that lour'd upon our house in the deep bosom of the ocean buried. ") * 12

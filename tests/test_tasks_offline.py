@@ -349,7 +349,7 @@ def test_cli_eval_argument_errors(args, message, monkeypatch):
 
 
 def test_cli_config_splitting():
-    from replayssm_quant.cli.eval import _split_configs
+    from replayssm_quant.precision import split_configs as _split_configs
 
     assert _split_configs(["fp32,ckpt=fp8:sr,read=nvfp4,L=16;shared-nvfp4",
                            "nvfp4-read/fp32"]) == [

@@ -25,26 +25,11 @@ from rich.text import Text
 
 from ..evals.data import PG19_REPO, PG19_SPLIT
 from ..evals.drift import DEFAULT_CONFIGS
-from ..precision import PRESETS, parse_config
+from ..precision import parse_config, split_configs
 
 DEFAULT_MODELS = ("nemotron-h-tiny", "qwen3.5-tiny")
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
-
-
-def split_configs(values: list[str]) -> list[str]:
-    """Config arguments to config strings: each value may hold several configs separated by
-    commas, spaces or semicolons; the ``read=``/``L=``/``prefill=`` fields that follow a
-    ``ckpt=`` belong to it (``shared-nvfp4,ckpt=fp8:sr,read=nvfp4,L=16`` is two configs)."""
-    out: list[str] = []
-    for value in values:
-        for tok in (t for t in re.split(r"[,;\s]+", value) if t):
-            key = tok.split("=", 1)[0].strip().lower() if "=" in tok else None
-            if key in ("read", "l", "prefill") and out and out[-1].lower().startswith("ckpt="):
-                out[-1] = f"{out[-1]},{tok}"
-            else:
-                out.append(tok)
-    return out
 
 
 class _TokensPerSecond(ProgressColumn):
@@ -191,8 +176,6 @@ def register(app: typer.Typer) -> None:
             transformers.logging.disable_progress_bar()
         names = list(models) if models else list(DEFAULT_MODELS)
         cfg_list = split_configs(configs) if configs else list(DEFAULT_CONFIGS)
-        if any(c.lower() == "all" for c in cfg_list):
-            cfg_list = [c for c in cfg_list if c.lower() != "all"] + list(PRESETS)
         try:
             dev = _device(device)
             dt = _dtype(dtype, dev)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,22 +19,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ..precision import split_configs
+
 DEFAULT_TASKS = "gpqa_diamond,mmlu_pro,math_l5"
 DEFAULT_CONFIGS = "fp32,nvfp4-read/fp32,nvfp4-read/fp8-sr,shared-nvfp4"
-
-
-def _split_configs(values: list[str]) -> list[str]:
-    """Config arguments to config strings: values hold configs separated by commas, spaces or
-    semicolons; the ``read=``/``L=``/``prefill=`` fields after a ``ckpt=`` belong to it."""
-    out: list[str] = []
-    for value in values:
-        for tok in (t for t in re.split(r"[,;\s]+", value) if t):
-            key = tok.split("=", 1)[0].lower() if "=" in tok else None
-            if key in ("read", "l", "prefill") and out and out[-1].lower().startswith("ckpt="):
-                out[-1] = f"{out[-1]},{tok}"
-            else:
-                out.append(tok)
-    return out
 
 
 def _pct(x: Any) -> str:
@@ -156,7 +143,7 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         try:
             specs = resolve_tasks(tasks)
-            cfg_list = _split_configs(configs or [DEFAULT_CONFIGS])
+            cfg_list = split_configs(configs or [DEFAULT_CONFIGS])
             for c in cfg_list:
                 parse_config(c)
             if backend not in ("hf", "vllm"):
