@@ -40,6 +40,7 @@ __all__ = [
     "load_benchmark",
     "recommend",
     "vllm_additional_config",
+    "vllm_serve_command",
 ]
 
 EXIT_BAD_INPUT = 2
@@ -401,6 +402,19 @@ class Candidate:
 def vllm_additional_config(config: str) -> str:
     """The JSON for ``vllm serve --additional-config`` that selects ``config``."""
     return json.dumps({"replayssm_quant": config})
+
+
+def vllm_serve_command(model: str, config: str) -> str:
+    """A ``vllm serve`` line for the plugin (docs/vllm.md): ReplaySSM configs also need
+    ``--use-replayssm`` with their L, and the plugin refuses prefix caching."""
+    from .precision import parse_config
+
+    cfg = parse_config(config)
+    flags = ["VLLM_USE_V2_MODEL_RUNNER=0 vllm serve", model]
+    if cfg.L > 1:
+        flags += ["--use-replayssm", f"--replayssm-buffer-len {cfg.L}"]
+    flags += ["--no-enable-prefix-caching", f"--additional-config '{vllm_additional_config(config)}'"]
+    return " ".join(flags)
 
 
 @dataclass

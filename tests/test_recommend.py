@@ -221,6 +221,8 @@ def test_cli_writes_recommendation(tmp_path):
     assert d["rejected_cheaper"][0]["name"] == "shared-nvfp4"
     md = (tmp_path / "out" / "recommendation.md").read_text()
     assert "--additional-config" in md and "shared-nvfp4" in md
+    # a ReplaySSM config needs the plugin's flags too
+    assert "--use-replayssm --replayssm-buffer-len 16" in md and "--no-enable-prefix-caching" in md
     # a flag moves the pick; a budget file does the same
     r = _cli(drift, tasks, "--out", tmp_path / "o2", "--max-kl", "0.0025")
     assert r.exit_code == 0

@@ -130,12 +130,11 @@ def _print(console: Console, rec) -> None:
                   escape("; ".join(c.reasons())) if not c.qualifies else "")
     console.print(t)
     if rec.chosen is not None:
-        from ..recommend import vllm_additional_config
+        from ..recommend import vllm_serve_command
 
         console.print(f"recommended: [bold]{escape(rec.chosen.name)}[/bold] "
                       f"({rec.chosen.config})")
-        console.print(f"vllm serve {rec.model} --additional-config "
-                      f"'{vllm_additional_config(rec.chosen.config)}'", markup=False,
+        console.print(vllm_serve_command(rec.model, rec.chosen.config), markup=False,
                       soft_wrap=True)
     else:
         c = rec.closest

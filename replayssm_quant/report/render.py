@@ -240,11 +240,10 @@ def _inline_html(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------- content
 def _plugin_line(rec: Recommendation) -> str:
-    from ..recommend import vllm_additional_config
+    from ..recommend import vllm_serve_command
 
     assert rec.chosen is not None
-    extra = vllm_additional_config(rec.chosen.config)
-    return f"vllm serve {rec.model} --additional-config '{extra}'"
+    return vllm_serve_command(rec.model, rec.chosen.config)
 
 
 def _budget_text(b: Budget, bucket: str | None = None) -> str:
