@@ -256,8 +256,30 @@ def main(argv=None) -> int:
         wr = csv.DictWriter(f, fieldnames=keys)
         wr.writeheader()
         wr.writerows(rows)
-    print(f"wrote {out / 'decode.csv'}")
+    (out / "decode.md").write_text(markdown_table(rows, meta))
+    print(f"wrote {out / 'decode.csv'}, {out / 'decode.json'} and {out / 'decode.md'}")
     return 0
+
+
+def markdown_table(rows: list[dict], meta: dict) -> str:
+    """One table per (shape, batch): times, bandwidth fraction, ratio to conventional FP32."""
+    lines = [f"# Decode-step kernels on {meta['device']}", "",
+             f"Copy bandwidth measured in the same run: {meta['copy_bandwidth'] / 1e12:.3f} TB/s "
+             f"(read + write). torch {meta['torch']}, Triton {meta['triton']}.",
+             f"Command: `{' '.join(meta['argv'])}`", ""]
+    keys = sorted({(r["shape"], r["batch"]) for r in rows}, key=lambda k: (k[0], k[1]))
+    for shape, batch in keys:
+        lines += [f"## {shape}, batch {batch}", "",
+                  "| config | window us | non-flush us | flush us | bw (window) | vs conv FP32 |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            if (r["shape"], r["batch"]) != (shape, batch):
+                continue
+            lines.append(f"| {r['config']} | {r['window_us']:.1f} | {r['nonflush_us']:.1f} | "
+                         f"{r['flush_us']:.1f} | {r.get('bw_frac_window', float('nan')):.2f} | "
+                         f"{r.get('speedup_vs_conv_fp32', float('nan')):.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
