@@ -15,9 +15,11 @@ bf16 shares fp32's exponent range and uses the equivalent integer form on the fp
 ``rn``: ``bits + 0x7FFF + ((bits >> 16) & 1)``, ``sr``: ``bits + (r >> 16)``, then the low
 16 bits are cleared. Results above the format's max finite value saturate to it; NaN stays NaN.
 
-Random words come from Philox-4x32-10 with key ``seed`` (64 bit: low word, high word) and
-counter ``(element, sequence, flush_index, layer)``; the first output word is ``r``. This is
-``triton.language.random.philox(seed, element, sequence, flush_index, layer)[0]`` bit for bit.
+Random words come from Philox-4x32-10 with key ``seed`` (64 bit: low word, high word): one call
+with counter ``(element >> 2, sequence, flush_index, layer)`` yields the words of the four
+consecutive elements ``4c .. 4c + 3``, and element ``e`` takes output word ``e & 3``. This is
+``triton.language.random.philox(seed, element >> 2, sequence, flush_index, layer)[element & 3]``
+bit for bit.
 """
 
 from __future__ import annotations
@@ -152,8 +154,17 @@ def philox4x32(c0, c1, c2, c3, seed: int, rounds: int = 10) -> tuple[torch.Tenso
 
 
 def sr_bits(seed: int, layer: int, sequence, flush_index, element) -> torch.Tensor:
-    """The 32-bit random word for stochastic rounding of one element (int64 tensor)."""
-    return philox4x32(element, sequence, flush_index, layer, seed)[0]
+    """The 32-bit random words for stochastic rounding of elements ``element`` (int64 tensor).
+
+    One Philox call per group of four consecutive elements: counter
+    ``(element >> 2, sequence, flush_index, layer)``, output word ``element & 3``.
+    """
+    element = torch.as_tensor(element, dtype=torch.int64)
+    words = philox4x32(element >> 2, sequence, flush_index, layer, seed)
+    lane = element & 3
+    shape = words[0].shape
+    lane = lane.to(words[0].device).expand(shape)
+    return torch.stack(words, dim=-1).gather(-1, lane.unsqueeze(-1)).squeeze(-1)
 
 
 def state_sr_bits(
@@ -167,16 +178,23 @@ def state_sr_bits(
     """Random words for a whole state ``(batch, *row_dims, n)``.
 
     ``element`` is the flat index of the element inside one sequence's state of this layer
-    (row-major over ``shape[1:]``); ``sequence`` and ``flush_index`` are per batch row.
+    (row-major over ``shape[1:]``); ``sequence`` and ``flush_index`` are per batch row. Equal to
+    ``sr_bits`` on those indices; when ``n % 4 == 0`` each Philox call is made once for its
+    four elements (a quarter of the work).
     """
     per_seq = 1
     for s in shape[1:]:
         per_seq *= s
     device = device if device is not None else sequence.device
-    elem = torch.arange(per_seq, device=device, dtype=torch.int64).view(1, *shape[1:])
     view = (-1,) + (1,) * (len(shape) - 1)
     seq = sequence.to(device=device, dtype=torch.int64).view(view)
     fl = flush_index.to(device=device, dtype=torch.int64).view(view)
+    if len(shape) >= 2 and shape[-1] % 4 == 0:
+        groups = torch.arange(per_seq // 4, device=device, dtype=torch.int64)
+        groups = groups.view(1, *shape[1:-1], shape[-1] // 4)
+        words = philox4x32(groups, seq, fl, layer, seed)
+        return torch.stack(words, dim=-1).reshape(words[0].shape[0], *shape[1:])
+    elem = torch.arange(per_seq, device=device, dtype=torch.int64).view(1, *shape[1:])
     return sr_bits(seed, layer, seq, fl, elem)
 
 

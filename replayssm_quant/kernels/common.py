@@ -41,12 +41,30 @@ def with_sign_of(q, x):
 
 @triton.jit
 def sr_words(seed, layer, sequence, flush_index, element):
-    """Philox-4x32-10 word 0 for counter (element, sequence, flush_index, layer), key seed."""
-    e = element.to(tl.uint32)
-    z = e * 0
-    r, _, _, _ = philox(seed, e, z + sequence.to(tl.uint32), z + flush_index.to(tl.uint32),
-                        z + layer.to(tl.uint32))
-    return r
+    """SR words of the elements ``element``: Philox-4x32-10 with key seed and counter
+    (element >> 2, sequence, flush_index, layer), output word ``element & 3``.
+
+    One Philox call serves four consecutive elements. ``element`` (rank 2 or 3) must hold
+    consecutive indices along its last axis in runs aligned to 4 (a multiple of 4 long: a
+    ``(rows, d)`` tile, or a ``(d // 16, rows, 16)`` chunked tile); ``sequence``,
+    ``flush_index`` and ``layer`` are scalars. The group counters are the first of every four
+    (two splits of a ``(.., 2, 2)`` view: no reduction), and the four words go back with
+    joins; compiled, this gave fewer layout conversions than a ``tl.min`` over the group or a
+    select of broadcast words."""
+    RANK: tl.constexpr = len(element.shape)
+    e = element.to(tl.uint32) >> 2
+    if RANK == 2:
+        e = tl.reshape(e, (element.shape[0], element.shape[1] // 4, 2, 2))
+    else:
+        tl.static_assert(RANK == 3, "sr_words: element must have rank 2 or 3")
+        e = tl.reshape(e, (element.shape[0], element.shape[1], element.shape[2] // 4, 2, 2))
+    g, _ = tl.split(e)
+    g, _ = tl.split(g)
+    z = g * 0
+    r0, r1, r2, r3 = philox(seed, g, z + sequence.to(tl.uint32), z + flush_index.to(tl.uint32),
+                            z + layer.to(tl.uint32))
+    # join(join(r0, r2), join(r1, r3))[..., a, b] = r_{2a + b}: word k to element 4c + k
+    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), element.shape)
 
 
 @triton.jit

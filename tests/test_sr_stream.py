@@ -1,0 +1,126 @@
+"""The stochastic-rounding random stream, pinned bit for bit (docs/numerics.md, "The random
+stream"): element ``e`` takes word ``e & 3`` of Philox-4x32-10 with counter
+``(e >> 2, sequence, flush_index, layer)`` and key ``seed``. Checked against Triton's own
+``tl.philox`` (interpreted) and between the reference (``formats.sr_bits``) and the kernels'
+``sr_words`` for rank-2 and rank-3 element tiles."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.language.random import philox
+
+from replayssm_quant import formats as F
+from replayssm_quant.kernels.common import sr_words
+
+SEED = 0x2F6A_91C3_5D07_B4E1  # uses both key words
+
+
+@triton.jit
+def _philox_kernel(c0_ptr, c1_ptr, c2_ptr, c3_ptr, out_ptr, seed, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    c0 = tl.load(c0_ptr + i).to(tl.uint32)
+    c1 = tl.load(c1_ptr + i).to(tl.uint32)
+    c2 = tl.load(c2_ptr + i).to(tl.uint32)
+    c3 = tl.load(c3_ptr + i).to(tl.uint32)
+    r0, r1, r2, r3 = philox(seed, c0, c1, c2, c3)
+    tl.store(out_ptr + i, r0.to(tl.int64))
+    tl.store(out_ptr + BLOCK + i, r1.to(tl.int64))
+    tl.store(out_ptr + 2 * BLOCK + i, r2.to(tl.int64))
+    tl.store(out_ptr + 3 * BLOCK + i, r3.to(tl.int64))
+
+
+def _triton_philox(c0, c1, c2, c3, seed):
+    """The four words of ``tl.philox(seed, c0, c1, c2, c3)`` (uint32 values in int64)."""
+    n = c0.numel()
+    out = torch.empty(4 * n, dtype=torch.int64)
+    _philox_kernel[(1,)](c0, c1, c2, c3, out, seed, BLOCK=n)
+    return out.view(4, n)
+
+
+@triton.jit
+def _words2_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: tl.constexpr):
+    """``sr_words`` on a ``(rows, N)`` tile starting at row ROW0 (as the decode kernels)."""
+    rows = ROW0 + tl.arange(0, R)
+    n = tl.arange(0, N)
+    elem = rows[:, None] * N + n[None, :]
+    seq = tl.load(seq_ptr)
+    r = sr_words(seed, layer, seq, fi, elem)
+    tl.store(out_ptr + tl.arange(0, R)[:, None] * N + n[None, :], r.to(tl.int64))
+
+
+@triton.jit
+def _words3_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: tl.constexpr):
+    """``sr_words`` on a ``(N // 16, rows, 16)`` chunked tile (as the emulator kernels)."""
+    KC: tl.constexpr = N // 16
+    rows = tl.arange(0, R)
+    c = tl.arange(0, KC)
+    d = tl.arange(0, 16)
+    col = c[:, None, None] * 16 + d[None, None, :]
+    elem = (ROW0 + rows)[None, :, None] * N + col
+    seq = tl.load(seq_ptr)
+    r = sr_words(seed, layer, seq, fi, elem)
+    tl.store(out_ptr + rows[None, :, None] * N + col, r.to(tl.int64))
+
+
+def test_reference_philox_matches_triton():
+    """``formats.philox4x32`` is Triton's Philox-4x32-10, all four words, full 32-bit range."""
+    g = torch.Generator().manual_seed(0)
+    c = [torch.randint(0, 2**32, (256,), generator=g, dtype=torch.int64) for _ in range(4)]
+    ours = torch.stack(F.philox4x32(*c, SEED))
+    assert torch.equal(ours, _triton_philox(*c, SEED))
+
+
+def test_sr_bits_matches_triton_philox():
+    """``sr_bits(e) = tl.philox(seed, e >> 2, sequence, flush_index, layer)[e & 3]`` on random
+    element indices (any order, full uint32 range) and random keys."""
+    g = torch.Generator().manual_seed(1)
+    n = 512
+    e = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
+    e[:64] = torch.randint(0, 4096, (64,), generator=g)  # small indices too
+    seq = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
+    fl = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
+    layer = 37
+    words = _triton_philox(e >> 2, seq, fl, torch.full_like(e, layer), SEED)
+    want = words.gather(0, (e & 3)[None]).squeeze(0)
+    assert torch.equal(F.sr_bits(SEED, layer, seq, fl, e), want)
+
+
+def test_sr_bits_known_answer():
+    """Elements 4c .. 4c+3 are the four outputs of one Philox call, in order; with every key
+    and counter word 0, elements 0..3 are the Random123 known-answer vector."""
+    r = F.sr_bits(0, 0, 0, 0, torch.arange(8))
+    assert r[:4].tolist() == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    c = torch.tensor([0, 1, 5, 12345, 2**30 - 1])
+    words = torch.stack(F.philox4x32(c, 9, 4, 3, SEED))  # (4, groups)
+    elems = 4 * c[:, None] + torch.arange(4)  # (groups, 4)
+    assert torch.equal(F.sr_bits(SEED, 3, 9, 4, elems), words.T)
+    # neighbouring groups differ, and so do the four words of one group
+    assert len(set(F.sr_bits(SEED, 3, 9, 4, torch.arange(64)).tolist())) == 64
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 4, 32), (2, 8, 64), (2, 3, 6)])
+def test_state_sr_bits_is_sr_bits_on_flat_indices(shape):
+    """The whole-state helper (one call per group when ``n % 4 == 0``) equals ``sr_bits`` on
+    the row-major element index, per batch row's sequence and flush index."""
+    B = shape[0]
+    seq = torch.tensor([5, 1, 7])[:B]
+    fl = torch.tensor([0, 2, 3])[:B]
+    got = F.state_sr_bits(shape, SEED, 2, seq, fl)
+    per = torch.arange(torch.Size(shape[1:]).numel()).view(1, *shape[1:])
+    view = (-1,) + (1,) * (len(shape) - 1)
+    assert got.shape == shape
+    assert torch.equal(got, F.sr_bits(SEED, 2, seq.view(view), fl.view(view), per))
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize("R,N,row0", [(8, 32, 0), (4, 64, 37), (16, 128, 3)])
+def test_kernel_sr_words_match_reference(rank, R, N, row0):
+    """``kernels.common.sr_words`` (one Philox call per four elements) equals ``sr_bits``
+    exactly, for ``(rows, N)`` and ``(N // 16, rows, 16)`` element tiles."""
+    seq, layer, fi = 123456, 5, 77
+    out = torch.empty(R * N, dtype=torch.int64)
+    kern = _words2_kernel if rank == 2 else _words3_kernel
+    kern[(1,)](out, torch.tensor([seq], dtype=torch.int32), SEED, layer, fi, row0, R=R, N=N)
+    want = F.sr_bits(SEED, layer, seq, fi, torch.arange(row0 * N, (row0 + R) * N))
+    assert torch.equal(out, want)
