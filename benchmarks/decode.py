@@ -52,7 +52,13 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
 
 
 def time_graph(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Median seconds per call of ``fn`` captured in a CUDA graph."""
+    """Median seconds per call of ``fn`` captured in a CUDA graph (plain calls on a CPU, for
+    dry runs)."""
+    if not torch.cuda.is_available():
+        fn()
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -101,9 +107,10 @@ def _copy_q(st, q) -> None:
 class Workload:
     """A layer's cache plus L steps of fresh random inputs for one (shape, batch, config)."""
 
-    def __init__(self, shape: ModelShape, batch: int, cfg, steps: int, spec: int = 0):
+    def __init__(self, shape: ModelShape, batch: int, cfg, steps: int, spec: int = 0,
+                 device: str = "cuda"):
         self.shape, self.batch, self.cfg = shape, batch, cfg
-        dev = "cuda"
+        dev = device
         self.slots = torch.arange(batch, dtype=torch.int32, device=dev)
         H, P, N, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
         if shape.kind == "mamba2":
@@ -139,9 +146,9 @@ class Workload:
                                self.slots, advance=advance, **kw)
 
 
-def measure(shape: ModelShape, batch: int, cfg, reps: int, **kw) -> dict:
+def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda", **kw) -> dict:
     L = cfg.L
-    w = Workload(shape, batch, cfg, steps=max(L, 2))
+    w = Workload(shape, batch, cfg, steps=max(L, 2), device=device)
     if L == 1:
         t = time_graph(lambda: w.step(0, **kw), reps)
         return dict(window_us=t * 1e6, nonflush_us=t * 1e6, flush_us=t * 1e6)
@@ -156,6 +163,33 @@ def measure(shape: ModelShape, batch: int, cfg, reps: int, **kw) -> dict:
     t_fl = time_graph(lambda: w.step(L - 1, advance=False, **kw), reps)
     t_nf = (t_win * L - t_fl) / (L - 1)
     return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6)
+
+
+def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
+                  **kw) -> float:
+    """Microseconds of one flush step (every row's cursor at L-1)."""
+    w = Workload(shape, batch, cfg, steps=cfg.L, device=device)
+    w.cache.cursor.fill_(cfg.L - 1)
+    return time_graph(lambda: w.step(cfg.L - 1, advance=False, **kw), reps) * 1e6
+
+
+def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
+                   device: str = "cuda") -> float:
+    """Microseconds of one speculative verify of T drafts (cursor at 0; the drafts are
+    appended to the ring, the cursor does not move, so every replay does the same work)."""
+    from replayssm_quant.kernels.gdn import gdn_verify
+    from replayssm_quant.kernels.mamba2 import mamba2_verify
+
+    w = Workload(shape, batch, cfg, steps=T, spec=T - 1, device=device)
+    w.cache.cursor.zero_()
+    st = lambda key: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
+    if shape.kind == "mamba2":
+        x, dt, Bm, C = st("x"), st("dt"), st("Bm"), st("C")
+        fn = lambda: mamba2_verify(w.cache, x, dt, w.A, Bm, C, w.D, w.slots)  # noqa: E731
+    else:
+        q, k, v, g, beta = st("q"), st("k"), st("v"), st("g"), st("beta")
+        fn = lambda: gdn_verify(w.cache, q, k, v, g, beta, w.slots)  # noqa: E731
+    return time_graph(fn, reps) * 1e6
 
 
 def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
@@ -181,6 +215,47 @@ def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
     return time_graph(step, reps) * 1e6
 
 
+VERIFY_CONFIGS = ("replay-fp32", "nvfp4-read/fp16-sr")  # speculative verify rows (L = 16)
+
+
+def compile_job(job: tuple) -> tuple:
+    """Worker: compile one (shape, config, launch knobs) by running a window of steps at
+    batch 2 (and a verify of T drafts when T > 0), so Triton's on-disk cache serves the
+    main process."""
+    sname, cfg, kw, T, device = job
+    t = time.time()
+    try:
+        shape = SHAPES[sname]
+        w = Workload(shape, 2, cfg, steps=max(cfg.L, 2), device=device)
+        for i in range(max(cfg.L, 1)):
+            w.step(i, **kw)
+        if T:
+            measure_verify(shape, 2, cfg, T, 1, device=device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return job, time.time() - t, None
+    except Exception as e:  # noqa: BLE001 - reported; the main process compiles it again
+        return job, time.time() - t, f"{type(e).__name__}: {e}"[:300]
+
+
+def precompile(jobs: list, workers: int) -> None:
+    """Compile every job's kernels in parallel worker processes."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t = time.time()
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+            results = list(ex.map(compile_job, jobs))
+    else:
+        results = [compile_job(j) for j in jobs]
+    errs = [(j, e) for j, _, e in results if e]
+    for j, e in errs:
+        print(f"  compile error {j[0]} {j[1].label} {j[2]}: {e}", flush=True)
+    print(f"compiled {len(jobs)} variants in {time.time() - t:.0f} s ({workers} workers, "
+          f"{len(errs)} errors)", flush=True)
+
+
 def configs_for(Ls: list[int]) -> list:
     out = []
     for cfg in PRESETS.values():
@@ -200,17 +275,23 @@ def main(argv=None) -> int:
     ap.add_argument("--L", type=int, nargs="*", default=[8, 16])
     ap.add_argument("--configs", nargs="*", default=None, help="preset names (default: all)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--verify-T", type=int, default=8,
+                    help="drafts per speculative verify (0: skip the verify rows)")
+    ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/kernels"))
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bw = copy_bandwidth()
-    dev = torch.cuda.get_device_name()
-    print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     cfgs = configs_for(args.L)
     if args.configs:
         cfgs = [c for c in cfgs if c.label in args.configs or c.label.split("@")[0] in args.configs]
+    vcfgs = [c for c in cfgs if c.label in VERIFY_CONFIGS] if args.verify_T else []
+    precompile([(s, c, {}, args.verify_T if c in vcfgs else 0, "cuda")
+                for s in args.shapes for c in cfgs], args.workers)
+    bw = copy_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     rows = []
     for sname in args.shapes:
         shape = SHAPES[sname]
@@ -235,6 +316,15 @@ def main(argv=None) -> int:
                       f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "
                       f"bw {row['bw_frac_window']:.2f} x{row['speedup_vs_conv_fp32']:.2f} "
                       f"({time.time() - t0:.1f}s)", flush=True)
+            for cfg in vcfgs:
+                t = measure_verify(shape, batch, cfg, args.verify_T, args.reps)
+                rows.append(dict(shape=sname, kind=shape.kind, batch=batch,
+                                 config=f"verify T={args.verify_T} {cfg.label}",
+                                 config_string=str(cfg), L=cfg.L, window_us=t, nonflush_us=t,
+                                 flush_us=t, verify_vs_conv_step=t / base if base else float("nan"),
+                                 speedup_vs_conv_fp32=base / t if base else float("nan")))
+                print(f"{sname:22s} B={batch:4d} verify T={args.verify_T} {cfg.label:18s} {t:9.1f}us "
+                      f"= {t / base:.2f} conventional FP32 steps", flush=True)
             if shape.kind == "gdn":
                 t = measure_fla(shape, batch, args.reps)
                 if t is not None:

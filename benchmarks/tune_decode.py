@@ -1,29 +1,51 @@
-"""Block-size / warp sweep for the decode kernels on one batch size (CUDA), plus a float64
-correctness spot check of the FP32 configs at the paper shapes.
+"""Launch-knob sweep for the decode kernels on one batch size (CUDA), with correctness checks
+at the paper shapes: FP32 configs against a float64 recurrence, every preset against the
+pure-torch reference step by step (both start each step from the same state), and the
+compiled kernels' register and spill counts.
 
-    python benchmarks/tune_decode.py --batch 256
+    python benchmarks/tune_decode.py --batch 256 --check
+    python benchmarks/tune_decode.py --smoke          # CPU dry run (interpreter, tiny shapes)
+
+Kernels are compiled first by worker processes in parallel (Triton's on-disk cache then
+serves the main process), so a sweep spends its time measuring.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
+import os
 import sys
 import time
 from pathlib import Path
 
-import torch
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import Workload, copy_bandwidth, measure  # noqa: E402
+from decode import Workload, copy_bandwidth, measure, measure_flush, precompile  # noqa: E402
 
+from replayssm_quant import formats as F  # noqa: E402
+from replayssm_quant.kernels import gdn as kg  # noqa: E402
+from replayssm_quant.kernels import mamba2 as km  # noqa: E402
+from replayssm_quant.kernels.cache import cache_from_reference  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes  # noqa: E402
+from replayssm_quant.ssm import gdn, mamba2  # noqa: E402
+from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
 
 
+# ------------------------------------------------------------------------------ correctness
 def check_fp32(shape, cfg, steps: int = 40, batch: int = 4) -> float:
     """Relative error of the kernel against a float64 conventional recurrence."""
-    w = Workload(shape, batch, cfg, steps=steps)
+    w = Workload(shape, batch, cfg, steps=steps, device=DEV)
     c = w.cache
     S = c.ckpt.data.double()
     H, G = shape.heads, shape.groups
@@ -32,14 +54,14 @@ def check_fp32(shape, cfg, steps: int = 40, batch: int = 4) -> float:
         a = w.inputs[i]
         ys.append(w.step(i).double())
         if shape.kind == "mamba2":
-            hg = torch.arange(H, device="cuda") // (H // G)
+            hg = torch.arange(H, device=DEV) // (H // G)
             Bh, Ch = a["Bm"][:, hg].double(), a["C"][:, hg].double()
             dt = a["dt"].double()
             S = torch.exp(dt * w.A.double())[..., None, None] * S + \
                 (dt[..., None] * a["x"].double())[..., None] * Bh[:, :, None, :]
             refs.append((S * Ch[:, :, None, :]).sum(-1) + w.D.double()[:, None] * a["x"].double())
         else:
-            hk = torch.arange(H, device="cuda") // (H // G)
+            hk = torch.arange(H, device=DEV) // (H // G)
             k, q = a["k"][:, hk].double(), a["q"][:, hk].double()
             S = torch.exp(a["g"].double())[..., None, None] * S
             u = a["beta"].double()[..., None] * (a["v"].double() - (S * k[:, :, None, :]).sum(-1))
@@ -49,48 +71,172 @@ def check_fp32(shape, cfg, steps: int = 40, batch: int = 4) -> float:
     return ((y - r).norm() / r.norm()).item()
 
 
+def _differ(a, b) -> float:
+    """Fraction of stored elements further apart than float32 noise (relative to the row)."""
+    da, db = F.dequantize(a).double(), F.dequantize(b).double()
+    rowmax = db.abs().amax(-1, keepdim=True).nan_to_num(0).clamp_min(1e-30)
+    return ((da - db).abs() > 1e-5 * rowmax).double().mean().item()
+
+
+def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int = 0) -> dict:
+    """Kernel vs reference step by step from the same state (cursors staggered so rows flush
+    on different steps): worst output relative error and worst fraction of checkpoint / read
+    copy elements that differ."""
+    from replayssm_quant.kernels.gdn import gdn_decode_step
+    from replayssm_quant.kernels.mamba2 import mamba2_decode_step
+
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    steps = steps or cfg.L + 2
+    H, P, N, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
+    nslots = batch + 1
+    slots = torch.arange(1, batch + 1, dtype=torch.int32, device=DEV)
+    if shape.kind == "mamba2":
+        ref = mamba2.init_mamba2_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV)
+        inp = mamba2_inputs(batch, steps + 2, H, P, N, G, generator=g, device=DEV)
+        mamba2.load_state(ref, torch.arange(nslots, device=DEV),
+                          0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV))
+    else:
+        ref = gdn.init_gdn_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV)
+        inp = gdn_inputs(batch, steps + 2, H, P, N, G, generator=g, device=DEV)
+        gdn.load_state(ref, torch.arange(nslots, device=DEV),
+                       0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV))
+
+    def args(t):
+        return {k: (v[:, t].contiguous() if isinstance(v, torch.Tensor) and v.dim() > 1 else v)
+                for k, v in inp.items()}
+
+    def ref_step(t, sl):
+        a = args(t)
+        if shape.kind == "mamba2":
+            return mamba2.decode_step(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], sl)
+        return gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], sl)
+
+    if cfg.L > 1:  # stagger: the first row one record ahead, the second two
+        for t, live in enumerate(([0, 1], [1])):
+            sl = torch.full_like(slots, -1)
+            sl[live] = slots[live]
+            ref_step(t, sl)
+    worst = {"y_rel": 0.0, "ckpt_differ": 0.0, "read_differ": 0.0, "nan_ok": True}
+    for t in range(2, steps + 2):
+        ker = copy.deepcopy(ref)
+        cache = cache_from_reference(ker)
+        a = args(t)
+        out = torch.full((batch, H, P), float("nan"), device=DEV)
+        if shape.kind == "mamba2":
+            y = mamba2_decode_step(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"],
+                                   slots, out=out)
+        else:
+            y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots, out=out)
+        y_ref = ref_step(t, slots)
+        worst["nan_ok"] &= bool(torch.isfinite(y).all())
+        worst["y_rel"] = max(worst["y_rel"], ((y - y_ref).norm() / y_ref.norm()).item())
+        worst["ckpt_differ"] = max(worst["ckpt_differ"], _differ(ker.ckpt, ref.ckpt))
+        if cfg.read is not None:
+            worst["read_differ"] = max(worst["read_differ"], _differ(ker.read, ref.read))
+        assert torch.equal(ker.cursor, ref.cursor)
+    return worst
+
+
+# ------------------------------------------------------------------------------ compilation
+def _variants(kind: str, cfg, args) -> list[dict]:
+    """Launch knobs to try: non-flush tiles x warps (flush knobs at their defaults), then
+    flush tiles x warps x persistent programs per SM (non-flush knobs at their defaults)."""
+    mk = "block_p" if kind == "mamba2" else "block_v"
+    fk = "flush_block_p" if kind == "mamba2" else "flush_block_v"
+    out = [{mk: b, "num_warps": w} for b, w in itertools.product(args.blocks, args.warps)]
+    if cfg.L > 1:
+        if cfg.read is not None and cfg.read.name == "nvfp4":
+            out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
+        out += [{fk: b, "flush_warps": w, "flush_per_sm": s}
+                for b, w, s in itertools.product(args.fblocks, args.fwarps, args.per_sm)]
+    return out
+
+
+def register_report() -> None:
+    """Registers and spills of every compiled decode kernel variant in this process."""
+    fns = {n: getattr(m, n) for m in (km, kg) for n in dir(m)
+           if n.startswith("_") and n.endswith("_kernel")}
+    for name, fn in sorted(fns.items()):
+        for cache in getattr(fn, "device_caches", {}).values():
+            kernels = cache[0] if isinstance(cache, tuple) else cache
+            for k in getattr(kernels, "values", lambda: [])():
+                regs, spills = getattr(k, "n_regs", "?"), getattr(k, "n_spills", "?")
+                warps = getattr(getattr(k, "metadata", None), "num_warps", "?")
+                print(f"  regs {name:28s} warps {warps} regs {regs} spills {spills}", flush=True)
+
+
+# ------------------------------------------------------------------------------ main
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--shapes", nargs="*", default=["nemotron-3-super-120b", "qwen3.5-4b"])
     ap.add_argument("--configs", nargs="*",
                     default=["fp32", "replay-fp32", "nvfp4-read/fp16-sr", "nvfp4-read/fp32"])
     ap.add_argument("--blocks", type=int, nargs="*", default=[64, 32])
     ap.add_argument("--warps", type=int, nargs="*", default=[4, 8])
-    ap.add_argument("--check", action="store_true", help="float64 spot check first")
+    ap.add_argument("--fblocks", type=int, nargs="*", default=[16, 32])
+    ap.add_argument("--fwarps", type=int, nargs="*", default=[4])
+    ap.add_argument("--per-sm", type=int, nargs="*", default=[2, 4, 8])
+    ap.add_argument("--check", action="store_true", help="correctness checks first")
+    ap.add_argument("--check-shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true", help="CPU dry run, tiny shapes")
     args = ap.parse_args()
-    bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()} copy {bw / 1e12:.3f} TB/s", flush=True)
-    for sname in SHAPES if args.check else ():
-        for cname in ("fp32", "replay-fp32"):
-            t0 = time.time()
-            err = check_fp32(SHAPES[sname], PRESETS[cname])
-            print(f"check {sname:22s} {cname:12s} rel err vs float64 {err:.2e} "
-                  f"({time.time() - t0:.1f}s)", flush=True)
+    if SMOKE:
+        from replayssm_quant.precision import ModelShape
+
+        SHAPES.clear()
+        SHAPES["tiny-m2"] = ModelShape("tiny-m2", "mamba2", 2, 32, 32, 1)
+        SHAPES["tiny-gdn"] = ModelShape("tiny-gdn", "gdn", 2, 32, 32, 1)
+        args.shapes = args.check_shapes = list(SHAPES)
+        args.configs, args.batch, args.workers, args.reps = ["replay-fp32"], 2, 1, 1
+        args.blocks, args.warps, args.fblocks, args.per_sm = [32], [4], [16], [1]
+    jobs = []
+    for sname in args.shapes:
+        for cname in args.configs:
+            jobs += [(sname, PRESETS[cname], kw, 0, DEV)
+                     for kw in _variants(SHAPES[sname].kind, PRESETS[cname], args)]
+    if args.check:
+        jobs += [(s, PRESETS[c], {}, 0, DEV) for s in args.check_shapes for c in PRESETS]
+    precompile(jobs, args.workers)
+    if args.check:
+        for sname in args.check_shapes:
+            for cname in ("fp32", "replay-fp32"):
+                err = check_fp32(SHAPES[sname], PRESETS[cname], steps=40 if not SMOKE else 18)
+                print(f"check64 {sname:22s} {cname:12s} rel err vs float64 {err:.2e}", flush=True)
+            for cname in PRESETS:
+                t0 = time.time()
+                r = check_preset(SHAPES[sname], PRESETS[cname])
+                print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
+                      f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
+                      f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)
+    if SMOKE:
+        bw = 1.0
+    else:
+        bw = copy_bandwidth()
+        print(f"{torch.cuda.get_device_name()} copy {bw / 1e12:.3f} TB/s", flush=True)
     for sname in args.shapes:
         shape = SHAPES[sname]
-        mk = "block_p" if shape.kind == "mamba2" else "block_v"
-        fk = "flush_block_p" if shape.kind == "mamba2" else "flush_block_v"
         for cname in args.configs:
             cfg = PRESETS[cname]
             sb = step_bytes(cfg, shape)
-            luts = (False, True) if cfg.read_format.name == "nvfp4" else (False,)
-            variants = [dict(blk=b, nw=w, lut=lut, fblk=16)
-                        for b in args.blocks for w in args.warps for lut in luts]
-            if cfg.L > 1:
-                variants += [dict(blk=args.blocks[0], nw=4, lut=False, fblk=32)]
-            for v in variants:
+            for kw in _variants(shape.kind, cfg, args):
                 t0 = time.time()
-                kw = {mk: v["blk"], "num_warps": v["nw"], fk: v["fblk"]}
-                if cfg.L > 1:
-                    kw["lut"] = v["lut"]
-                m = measure(shape, args.batch, cfg, 10, **kw)
+                if any(k.startswith("flush") for k in kw):
+                    t = measure_flush(shape, args.batch, cfg, args.reps, device=DEV, **kw)
+                    frf = sb.flush * args.batch / (t * 1e-6) / bw
+                    print(f"{sname:22s} {cname:20s} {kw} flush {t:8.1f}us ({frf:.2f}) "
+                          f"[{time.time() - t0:.1f}s]", flush=True)
+                    continue
+                m = measure(shape, args.batch, cfg, args.reps, device=DEV, **kw)
                 fr = sb.window_average * args.batch / (m["window_us"] * 1e-6) / bw
                 frn = sb.nonflush * args.batch / (m["nonflush_us"] * 1e-6) / bw
                 frf = sb.flush * args.batch / (m["flush_us"] * 1e-6) / bw
-                print(f"{sname:22s} {cname:20s} {v} win {m['window_us']:8.1f}us ({fr:.2f}) "
-                      f"nf {m['nonflush_us']:8.1f} ({frn:.2f}) fl {m['flush_us']:8.1f} ({frf:.2f}) "
-                      f"[{time.time() - t0:.1f}s]", flush=True)
+                print(f"{sname:22s} {cname:20s} {kw} win {m['window_us']:8.1f}us ({fr:.2f}) "
+                      f"nf {m['nonflush_us']:8.1f} ({frn:.2f}) fl {m['flush_us']:8.1f} "
+                      f"({frf:.2f}) [{time.time() - t0:.1f}s]", flush=True)
+    register_report()
     return 0
 
 

@@ -136,6 +136,26 @@ def test_short_sequences(kind: str, T: int) -> None:
     assert _rel(s, s_ref) < 1e-5
 
 
+@pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "shared-fp8"])
+def test_gdn_segments_and_prefetch_change_nothing(monkeypatch, name: str) -> None:
+    """GDN windows run in segments (records of one segment at a time, the checkpoint carried
+    between launches) and may prefetch the next window: neither may change a bit. Segments of
+    two windows over 71 tokens: two full segments, then the 7 pending records alone."""
+    import replayssm_quant.kernels.emulate as emu
+
+    cfg = PRESETS[name]
+    S0, inp = _case("gdn", 71, seed=6)
+    y1, s1 = gdn_emulate(cfg, S0, **inp, seed=9)
+    LB = 16
+    monkeypatch.setattr(emu, "_PREP_BYTES", 2 * 4 * (2 * LB * LB + 2 * LB) * 2)  # 2 heads
+    y2, s2 = gdn_emulate(cfg, S0, **inp, seed=9)
+    y3, s3 = gdn_emulate(cfg, S0, **inp, seed=9, prefetch=True)
+    assert torch.equal(y1, y2) and torch.equal(s1, s2)
+    assert torch.equal(y1, y3) and torch.equal(s1, s3)
+    y_ref, s_ref = _reference("gdn", cfg, S0, inp, seed=9)
+    _check(cfg, y1, s1, y_ref, s_ref)
+
+
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 def test_act_dtype_and_no_initial_state(kind: str) -> None:
     """bf16 ring inputs (rounded on the way in, as the reference does) and S0 = None."""

@@ -23,6 +23,10 @@ plus inputs and outputs; nothing is kept per token.
   fp32 state, and ``S`` / ``R`` are re-quantized with the reference's rounding (checkpoint SR
   key ``flush_index = window + 1``; read copy RN from the new checkpoint's value). A sequence
   that ends mid-window leaves records pending: ``S_final`` folds them as ``state_value`` does.
+  GDN splits a window in two launches: what does not depend on the state (the decay sums,
+  ``(I + M)^-T``, ``(I + M)^-T W^T``, the fold weights) is computed for every window of a
+  segment of the sequence at once, fully parallel; the sequential scan then reads those
+  records, so its chain per window is a few products. Segments bound the records' memory.
   Tiles are 16 rows and are held as ``(d // 16, rows, 16)`` chunks: every product over the
   state dimension is a batched ``tl.dot`` with K = 16 plus a sum over chunks (Triton's fp32
   dot keeps each thread's whole K extent in registers, so K = 128 would spill), and NVFP4's
@@ -58,6 +62,8 @@ from .common import (
 __all__ = ["MAX_KERNEL_L", "gdn_emulate", "gdn_supported", "mamba2_emulate", "mamba2_supported"]
 
 MAX_KERNEL_L = 32  # a window's records live in registers: L = 64 spills heavily when compiled
+_PREP_BYTES = 256 << 20  # GDN window records held at once (a segment of the sequence)
+_PREP_MAX_GRID = 32768  # windows per segment (the launch grid's third axis)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,11 +263,9 @@ def _gdn_conv_kernel(
 
 
 @triton.jit
-def _gdn_window_inputs(qb, kb, vb, gb, bb, t0, cnt, vv, mv, SK: tl.constexpr, SV: tl.constexpr,
-                       HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LB: tl.constexpr):
-    """The ``cnt`` tokens of the window starting at ``t0`` (zeros after them), in the chunked
-    forms the products need: ``kA (KC, LB, 16)``, ``kB``, ``qB (KC, 16, LB)``, ``v (BV, LB)``,
-    g, g shifted by one and beta ``(LB,)``, and the flush token's q ``(KC, 1, 16)``."""
+def _gdn_chunk_loads(qb, kb, t0, cnt, SK: tl.constexpr, K: tl.constexpr, LB: tl.constexpr):
+    """The window's keys and queries in the chunked forms the products need: ``kA (KC, LB,
+    16)``, ``kB (KC, 16, LB)``, ``qB (KC, 16, LB)`` (zeros after the first ``cnt`` tokens)."""
     KC: tl.constexpr = K // 16
     j = tl.arange(0, LB)
     c = tl.arange(0, KC)
@@ -273,24 +277,38 @@ def _gdn_window_inputs(qb, kb, vb, gb, bb, t0, cnt, vv, mv, SK: tl.constexpr, SV
     kA = tl.load(kb + tok[None, :, None] * SK + col_a, mask=mj[None, :, None], other=0.0)
     kB = tl.load(kb + tok[None, None, :] * SK + col_b, mask=mj[None, None, :], other=0.0)
     qB = tl.load(qb + tok[None, None, :] * SK + col_b, mask=mj[None, None, :], other=0.0)
-    vw = tl.load(vb + tok[None, :] * SV + vv[:, None], mask=mj[None, :] & mv[:, None], other=0.0)
-    gw = tl.load(gb + tok * HV, mask=mj, other=0.0)
-    gs = tl.load(gb + (tok + 1) * HV, mask=(j + 1) < cnt, other=0.0)
-    bw = tl.load(bb + tok * HV, mask=mj, other=0.0)
-    tf = t0.to(tl.int64) + L - 1
-    qf = tl.load(qb + tf * SK + col_a, mask=(col_a * 0 + cnt) == L, other=0.0)
-    return (kA.to(tl.float32), kB.to(tl.float32), qB.to(tl.float32), vw.to(tl.float32), gw, gs,
-            bw, qf.to(tl.float32))
+    return kA.to(tl.float32), kB.to(tl.float32), qB.to(tl.float32)
 
 
-@triton.jit
-def _gdn_window(S, R, kA, kB, qB, vw, gw, gs, bw, qf, ob, t0, cnt, nout, vv, mv,
-                SV: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr, LB: tl.constexpr,
-                LOG_LB: tl.constexpr, FLUSH: tl.constexpr, RD: tl.constexpr):
-    """Outputs of the window's first ``nout`` tokens from the read source ``R``, and the fp32
-    state folded over its ``cnt`` records (the flush output from it when FLUSH). States are
-    ``(KC, BV, 16)`` chunks; products over d_k are batched over the chunks, then summed."""
+@triton.jit(do_not_specialize=["T", "w0"])
+def _gdn_window_prep_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, pre_ptr, T, w0,
+    HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LB: tl.constexpr,
+    LOG_LB: tl.constexpr,
+):
+    """The part of a window that does not depend on the state, for every (row, head, window)
+    at once: ``TI = (I + M)^-T`` (the UT transform: ``U = X TI`` with ``X = beta (V - G R
+    K^T)``), ``P = TI W^T`` (the window's outputs: ``O = G R Q^T + X P``), the decays
+    ``etot[j] = G(c+1..j)`` and the fold weights ``wf[i] = G(i+1..last)``. Record layout per
+    window: TI, P (row-major LB x LB), etot, wf."""
+    SK: tl.constexpr = HK * K
+    REC: tl.constexpr = 2 * LB * LB + 2 * LB
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    w = tl.program_id(2)
+    nw = tl.num_programs(2)
+    hk = h // (HV // HK)
+    t0 = (w0 + w) * L
+    cnt = tl.minimum(T - t0, L)
+    base = b.to(tl.int64) * T
+    qb = q_ptr + base * SK + hk * K
+    kb = k_ptr + base * SK + hk * K
+    kA, kB, qB = _gdn_chunk_loads(qb, kb, t0, cnt, SK, K, LB)
     j = tl.arange(0, LB)
+    tok = t0.to(tl.int64) + j
+    gw = tl.load(g_ptr + (base + tok) * HV + h, mask=j < cnt, other=0.0)
+    gs = tl.load(g_ptr + (base + tok + 1) * HV + h, mask=(j + 1) < cnt, other=0.0)
+    bw = tl.load(beta_ptr + (base + tok) * HV + h, mask=j < cnt, other=0.0)
     excl, tot = _decay_sums(gw, gs, LB)
     dec = tl.exp(excl)
     etot = tl.exp(tot)
@@ -298,18 +316,59 @@ def _gdn_window(S, R, kA, kB, qB, vw, gw, gs, bw, qf, ob, t0, cnt, nout, vv, mv,
     KQ = tl.sum(tl.dot(kA, qB, input_precision="ieee"), axis=0)  # [i, j] = k_i . q_j
     # u_j + beta_j sum_{i<j} G(i+1..j) (k_i.k_j) u_i = beta_j (v_j - G(c+1..j) R k_j)
     M = tl.where(j[None, :] < j[:, None], bw[:, None] * (dec * KK), 0.0)
-    Tinv = tl.trans(_unit_lower_inverse(M, LB, LOG_LB))
+    TI = tl.trans(_unit_lower_inverse(M, LB, LOG_LB))
+    W = tl.where(j[None, :] <= j[:, None], dec * tl.trans(KQ), 0.0)  # [j, i]
+    P = tl.dot(TI, tl.trans(W), input_precision="ieee")
+    wf = tl.where(j < cnt, _row(dec, cnt - 1, LB), 0.0)
+    rec = pre_ptr + ((b * HV + h).to(tl.int64) * nw + w) * REC
+    sq = j[:, None] * LB + j[None, :]
+    tl.store(rec + sq, TI)
+    tl.store(rec + LB * LB + sq, P)
+    tl.store(rec + 2 * LB * LB + j, etot)
+    tl.store(rec + 2 * LB * LB + LB + j, wf)
+
+
+@triton.jit
+def _gdn_scan_inputs(qb, kb, vb, bb, rec, t0, cnt, vv, mv, SK: tl.constexpr, SV: tl.constexpr,
+                     HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LB: tl.constexpr):
+    """Everything a window's state-dependent part reads: the chunked keys and queries,
+    ``v (BV, LB)``, beta, the flush token's q ``(KC, 1, 16)`` and the window's record."""
+    KC: tl.constexpr = K // 16
+    kA, kB, qB = _gdn_chunk_loads(qb, kb, t0, cnt, SK, K, LB)
+    j = tl.arange(0, LB)
+    mj = j < cnt
+    tok = t0.to(tl.int64) + j
+    vw = tl.load(vb + tok[None, :] * SV + vv[:, None], mask=mj[None, :] & mv[:, None], other=0.0)
+    bw = tl.load(bb + tok * HV, mask=mj, other=0.0)
+    col_a = (tl.arange(0, KC)[:, None, None] * 16 + tl.arange(0, 16)[None, None, :]).to(tl.int64)
+    tf = t0.to(tl.int64) + L - 1
+    qf = tl.load(qb + tf * SK + col_a, mask=(col_a * 0 + cnt) == L, other=0.0)
+    sq = j[:, None] * LB + j[None, :]
+    TI = tl.load(rec + sq)
+    P = tl.load(rec + LB * LB + sq)
+    etot = tl.load(rec + 2 * LB * LB + j)
+    wf = tl.load(rec + 2 * LB * LB + LB + j)
+    return kA, kB, qB, vw.to(tl.float32), bw, qf.to(tl.float32), TI, P, etot, wf
+
+
+@triton.jit
+def _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, etot, wf, ob, t0, cnt, nout, vv, mv,
+                SV: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr, LB: tl.constexpr,
+                FLUSH: tl.constexpr, RD: tl.constexpr):
+    """Outputs of the window's first ``nout`` tokens from the read source ``R``, and the fp32
+    state folded over its ``cnt`` records (the flush output from it when FLUSH). States are
+    ``(KC, BV, 16)`` chunks; products over d_k are batched over the chunks, then summed."""
+    j = tl.arange(0, LB)
     RK = tl.sum(tl.dot(R, kB, input_precision="ieee"), axis=0)  # (BV, LB): R k_j
     RQ = tl.sum(tl.dot(R, qB, input_precision="ieee"), axis=0)
-    U = tl.dot(bw[None, :] * (vw - etot[None, :] * RK), Tinv, input_precision="ieee")
-    W = tl.where(j[None, :] <= j[:, None], dec * tl.trans(KQ), 0.0)  # [j, i]
-    O = etot[None, :] * RQ + tl.dot(U, tl.trans(W), input_precision="ieee")
+    X = bw[None, :] * (vw - etot[None, :] * RK)
+    O = etot[None, :] * RQ + tl.dot(X, P, input_precision="ieee")
     tok = t0.to(tl.int64) + j
     tl.store(ob + tok[None, :] * SV + vv[:, None], O, mask=(j < nout)[None, :] & mv[:, None])
     if RD >= 0:  # a read copy: the fold recomputes every u from the checkpoint
-        SK = tl.sum(tl.dot(S, kB, input_precision="ieee"), axis=0)
-        U = tl.dot(bw[None, :] * (vw - etot[None, :] * SK), Tinv, input_precision="ieee")
-    wf = tl.where(j < cnt, _row(dec, cnt - 1, LB), 0.0)
+        SKv = tl.sum(tl.dot(S, kB, input_precision="ieee"), axis=0)
+        X = bw[None, :] * (vw - etot[None, :] * SKv)
+    U = tl.dot(X, TI, input_precision="ieee")
     Uw = tl.broadcast_to((U * wf[None, :])[None, :, :], (KC, BV, LB))
     S = _entry(etot, cnt - 1, LB) * S + tl.dot(Uw, kA, input_precision="ieee")
     if FLUSH:
@@ -318,16 +377,22 @@ def _gdn_window(S, R, kA, kB, qB, vw, gw, gs, bw, qf, ob, t0, cnt, nout, vv, mv,
     return S
 
 
-@triton.jit(do_not_specialize=["T", "seed", "layer"])
+@triton.jit(do_not_specialize=["T", "seed", "layer", "w0", "nfull"])
 def _gdn_window_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, seq_ptr, o_ptr, sf_ptr, T, seed, layer,
+    q_ptr, k_ptr, v_ptr, beta_ptr, pre_ptr, s0_ptr, seq_ptr, o_ptr, sf_ptr, T, seed, layer,
+    w0, nfull,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
-    LB: tl.constexpr, LOG_LB: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr,
-    RD: tl.constexpr, SR: tl.constexpr, PREFETCH: tl.constexpr,
+    LB: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, RD: tl.constexpr, SR: tl.constexpr,
+    FIRST: tl.constexpr, TAIL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
+    """The state-dependent scan over windows ``w0 .. w0 + nfull - 1`` (and the trailing
+    partial window when TAIL) of one (row, head, tile of value rows). ``pre`` holds this
+    segment's window records; S starts from ``s0`` (quantized to the checkpoint when FIRST,
+    else already the checkpoint's value) and ends in ``sf``."""
     SK: tl.constexpr = HK * K
     SV: tl.constexpr = HV * V
     KC: tl.constexpr = K // 16
+    REC: tl.constexpr = 2 * LB * LB + 2 * LB
     b = tl.program_id(0)
     h = tl.program_id(1)
     vt = tl.program_id(2)
@@ -344,46 +409,48 @@ def _gdn_window_kernel(
     qb = q_ptr + base * SK + hk * K
     kb = k_ptr + base * SK + hk * K
     vb = v_ptr + base * SV + h * V
-    gb = g_ptr + base * HV + h
     bb = beta_ptr + base * HV + h
     ob = o_ptr + base * SV + h * V
+    nrec = nfull + TAIL
+    pb = pre_ptr + (b * HV + h).to(tl.int64) * nrec * REC
     sb = b.to(tl.int64) * (HV * V * K)
     S = tl.load(s0_ptr + sb + elem, mask=mrow, other=0.0)
-    r = _words(seed, layer, seq, seq * 0, elem, SR)
-    S = _fake_quant3(S, r, CK, SR)
-    R = S
-    if RD >= 0:
-        R = _fake_quant3(S, r, RD, False)
     z = T * 0
+    if FIRST:
+        S = _fake_quant3(S, _words(seed, layer, seq, seq * 0, elem, SR), CK, SR)
+    R = S
+    if RD >= 0:  # the read copy is a function of the checkpoint's value
+        R = _fake_quant3(S, elem.to(tl.uint32), RD, False)
     if PREFETCH:
-        kA, kB, qB, vw, gw, gs, bw, qf = _gdn_window_inputs(
-            qb, kb, vb, gb, bb, z, tl.minimum(T, L), vv, mv, SK, SV, HV, K, L, LB)
-    nfull = T // L
-    for w in range(nfull):
+        kA, kB, qB, vw, bw, qf, TI, P, et, wf = _gdn_scan_inputs(
+            qb, kb, vb, bb, pb, w0 * L, tl.minimum(T - w0 * L, L), vv, mv, SK, SV, HV, K, L, LB)
+    for i in range(nfull):
+        w = w0 + i
         t0 = z + w * L  # a tensor index also when interpreted
         if PREFETCH:  # the next window's loads are in flight while this one is computed
-            nkA, nkB, nqB, nvw, ngw, ngs, nbw, nqf = _gdn_window_inputs(
-                qb, kb, vb, gb, bb, t0 + L, tl.minimum(T - t0 - L, L), vv, mv, SK, SV, HV, K, L,
-                LB)
+            nkA, nkB, nqB, nvw, nbw, nqf, nTI, nP, net, nwf = _gdn_scan_inputs(
+                qb, kb, vb, bb, pb + (i + 1) * REC, t0 + L, tl.minimum(T - t0 - L, L), vv, mv,
+                SK, SV, HV, K, L, LB)
         else:
-            kA, kB, qB, vw, gw, gs, bw, qf = _gdn_window_inputs(
-                qb, kb, vb, gb, bb, t0, z + L, vv, mv, SK, SV, HV, K, L, LB)
-        S = _gdn_window(S, R, kA, kB, qB, vw, gw, gs, bw, qf, ob, t0, L, L - 1, vv, mv, SV, BV,
-                        KC, LB, LOG_LB, True, RD)
+            kA, kB, qB, vw, bw, qf, TI, P, et, wf = _gdn_scan_inputs(
+                qb, kb, vb, bb, pb + i * REC, t0, z + L, vv, mv, SK, SV, HV, K, L, LB)
+        S = _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, et, wf, ob, t0, L, L - 1, vv, mv,
+                        SV, BV, KC, LB, True, RD)
         r = _words(seed, layer, seq, z + w + 1, elem, SR)
         S = _fake_quant3(S, r, CK, SR)
         R = S
         if RD >= 0:
             R = _fake_quant3(S, r, RD, False)
         if PREFETCH:
-            kA, kB, qB, vw, gw, gs, bw, qf = nkA, nkB, nqB, nvw, ngw, ngs, nbw, nqf
-    rem = T - nfull * L
-    if rem > 0:  # records left pending: outputs, and S_final = what the next flush would fold
+            kA, kB, qB, vw, bw, qf, TI, P, et, wf = nkA, nkB, nqB, nvw, nbw, nqf, nTI, nP, net, nwf
+    if TAIL:  # records left pending: outputs, and S_final = what the next flush would fold
+        t0 = (w0 + nfull) * L
+        rem = T - t0
         if not PREFETCH:
-            kA, kB, qB, vw, gw, gs, bw, qf = _gdn_window_inputs(
-                qb, kb, vb, gb, bb, nfull * L, rem, vv, mv, SK, SV, HV, K, L, LB)
-        S = _gdn_window(S, R, kA, kB, qB, vw, gw, gs, bw, qf, ob, nfull * L, rem, rem, vv, mv,
-                        SV, BV, KC, LB, LOG_LB, False, RD)
+            kA, kB, qB, vw, bw, qf, TI, P, et, wf = _gdn_scan_inputs(
+                qb, kb, vb, bb, pb + nfull * REC, t0, rem, vv, mv, SK, SV, HV, K, L, LB)
+        S = _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, et, wf, ob, t0, rem, rem, vv, mv,
+                        SV, BV, KC, LB, False, RD)
     tl.store(sf_ptr + sb + elem, S, mask=mrow)
 
 
@@ -696,11 +763,36 @@ def gdn_emulate(
             *args, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, SR=sr, num_warps=num_warps or 1)
     else:
         BV = max(16, min(block_v or 16, triton.next_power_of_2(V)))
-        LB, LOG_LB = _window(cfg.L)
-        _gdn_window_kernel[(n, HV, triton.cdiv(V, BV))](
-            *args, HV=HV, HK=HK, V=V, K=K, L=cfg.L, LB=LB, LOG_LB=LOG_LB, BV=BV, CK=ck,
-            RD=_fmt(cfg.read), SR=sr, PREFETCH=bool(prefetch), num_warps=num_warps or 8)
+        _gdn_windows(cfg, args, n, HV, HK, V, K, BV, ck, sr, bool(prefetch), num_warps or 8)
     return o, sf
+
+
+def _gdn_windows(cfg: PrecisionConfig, args: tuple, n: int, HV: int, HK: int, V: int, K: int,
+                 BV: int, ck: int, sr: bool, prefetch: bool, num_warps: int) -> None:
+    """ReplaySSM configs: per segment of windows, the state-independent records of every
+    window in one parallel launch, then the sequential scan. Segments bound the records'
+    memory (``_PREP_BYTES``); the scan carries the checkpoint's value from one to the next."""
+    q, k, v, g, beta, S0, seq, o, sf, T, seed, layer = args
+    L = cfg.L
+    LB, LOG_LB = _window(L)
+    rec = 2 * LB * LB + 2 * LB
+    nwin = triton.cdiv(T, L)
+    per_seg = max(1, min(_PREP_MAX_GRID, _PREP_BYTES // (4 * rec * n * HV)))
+    nfull_total = T // L
+    starts = list(range(0, nwin, per_seg)) or [0]
+    pre = torch.empty(n * HV * min(per_seg, max(nwin, 1)) * rec + rec, dtype=torch.float32,
+                      device=k.device)
+    for w0 in starts:
+        nw = min(per_seg, nwin - w0)
+        if nw > 0:
+            _gdn_window_prep_kernel[(n, HV, nw)](
+                q, k, g, beta, pre, T, w0, HV=HV, HK=HK, K=K, L=L, LB=LB, LOG_LB=LOG_LB,
+                num_warps=4)
+        nfull = max(0, min(w0 + nw, nfull_total) - w0)
+        _gdn_window_kernel[(n, HV, triton.cdiv(V, BV))](
+            q, k, v, beta, pre, S0 if w0 == 0 else sf, seq, o, sf, T, seed, layer, w0, nfull,
+            HV=HV, HK=HK, V=V, K=K, L=L, LB=LB, BV=BV, CK=ck, RD=_fmt(cfg.read), SR=sr,
+            FIRST=w0 == 0, TAIL=nfull < nw, PREFETCH=prefetch, num_warps=num_warps)
 
 
 def mamba2_emulate(

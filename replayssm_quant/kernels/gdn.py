@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .cache import ReplayCache, slot_stride
 from .common import e2m1_table, load_rows, rows_dot, sr_words, store_rows, write_state
-from .mamba2 import _fmt, _state_args, advance_cursor
+from .mamba2 import _fmt, _state_args, advance_cursor, flush_list, flush_programs
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -76,101 +76,82 @@ def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC:
     return U
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _gdn_replay_kernel(
+@triton.jit(do_not_specialize=["nrows"])
+def _gdn_prep_kernel(
+    q_ptr, k_ptr, slots_ptr, kr_ptr, s_kr, cur_ptr, kd_ptr, list_ptr, nrows,
+    HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Per (row, key head), once per step: ``k_j . k`` and ``k_j . q`` for the buffered keys
+    and ``k . q`` (both value heads of a key head read them: 2 LB + 1 floats instead of the
+    LB x d_k keys); program (0, 0) also builds the flush list."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    if (b == 0) & (hk == 0):
+        flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L, RB)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        kk = tl.arange(0, K)
+        j = tl.arange(0, LB)
+        c = tl.load(cur_ptr + slot)
+        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
+        out = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+        tl.store(out + j, tl.sum(Kr * k[None, :], axis=1))
+        tl.store(out + LB + j, tl.sum(Kr * q[None, :], axis=1))
+        tl.store(out + 2 * LB, tl.sum(k * q, axis=0))
+
+
+@triton.jit
+def _gdn_nonflush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
-    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
-    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-    cur_ptr, fi_ptr, nan_ptr, lut_ptr, seed, layer,
+    cur_ptr, kd_ptr, lut_ptr,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
-    BV: tl.constexpr, BVF: tl.constexpr, LUT: tl.constexpr,
+    SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
 ):
-    """One ReplaySSM step per (row, value head, BV value rows); the cursor picks the path.
-
-    Non-flush: u_t and o_t from the read source (S k and S q in one pass) + ring, append the
-    record. Flush: BVF rows at a time, recompute the window's u's from the checkpoint when a
-    read copy exists, fold, write the checkpoint and the read copy.
-    """
+    """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source
+    (S k and S q in one pass) + the ring, then append the record. Flushing rows exit at once:
+    the flush kernel serves them."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     vt = tl.program_id(2)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
-        RATIO: tl.constexpr = HV // HK
-        hk = h // RATIO
-        kk = tl.arange(0, K)
-        j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
-        mj = j < c
-        q_row = q_ptr + (b * HK + hk) * K
-        k_row = k_ptr + (b * HK + hk) * K
-        q = tl.load(q_row + kk).to(tl.float32)
-        k = tl.load(k_row + kk).to(tl.float32)
-        gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
-        beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
-        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-        cum = tl.cumsum(gr, 0)
-        total = tl.sum(gr, 0) + gt
-        dec = tl.where(mj, tl.exp(total - cum), 0.0)  # decay from record j to now
-        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                     mask=mj[:, None], other=0.0).to(tl.float32)
-        kkt = tl.sum(Kr * k[None, :], axis=1)
-        G = tl.exp(total)
-        if c == L - 1:
-            fi = tl.load(fi_ptr + slot) + 1
-            nans = 0
-            if RECOMPUTE:
-                br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-            for sub in tl.static_range(BV // BVF):
-                vvf = vt * BV + sub * BVF + tl.arange(0, BVF)
-                mvf = vvf < V
-                vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
-                rowsf = h * V + vvf
-                Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                              ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
-                if RECOMPUTE:
-                    Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
-                                 mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
-                    Uf = _recompute_u(Sf, Kr, Vrf, br, gr, j, LB, BVF, L - 1)
-                else:
-                    Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
-                                mask=mj[None, :] & mvf[:, None], other=0.0)
-                wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
-                uf = beta * (vf - wf)
-                Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision="ieee")
-                Sf = Sf + uf[:, None] * k[None, :]
-                of = tl.sum(Sf * q[None, :], axis=1)
-                tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
-                cntf = write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
-                                    ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                    ck_bs_ptr + slot * s_ckbs,
-                                    rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                                    rd_bs_ptr + slot * s_rdbs,
-                                    CK_FMT, RD_FMT, SR, BVF, K)
-                nans += cntf
-            if nans > 0:
-                tl.atomic_add(nan_ptr, nans)
-        else:
+        if c != L - 1:
+            RATIO: tl.constexpr = HV // HK
+            hk = h // RATIO
+            j = tl.arange(0, LB)
+            mj = j < c
             vv = vt * BV + tl.arange(0, BV)
             mv = vv < V
+            q_row = q_ptr + (b * HK + hk) * K
+            k_row = k_ptr + (b * HK + hk) * K
+            sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                              src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
+                              lut_ptr, SRC_FMT, BV, K, True, LUT)
+            gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
+            beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+            gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+            cum = tl.cumsum(gr, 0)
+            total = tl.sum(gr, 0) + gt
+            dec = tl.where(mj, tl.exp(total - cum), 0.0)  # decay from record j to now
+            kd = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+            kkt = tl.load(kd + j, mask=mj, other=0.0)
+            kq = tl.load(kd + LB + j, mask=mj, other=0.0)
+            kq0 = tl.load(kd + 2 * LB)
             v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
             U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                         mask=mj[None, :] & mv[:, None], other=0.0)
-            if RD_FMT >= 0:
-                sk, sq = rows_dot(rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                                  rd_bs_ptr + slot * s_rdbs, h * V + vv, mv, k_row, q_row,
-                                  lut_ptr, RD_FMT, BV, K, True, LUT)
-            else:
-                sk, sq = rows_dot(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                  ck_bs_ptr + slot * s_ckbs, h * V + vv, mv, k_row, q_row,
-                                  lut_ptr, CK_FMT, BV, K, True, LUT)
-            kq = tl.sum(Kr * q[None, :], axis=1)
+            G = tl.exp(total)
             w = G * sk + tl.sum(U * (dec * kkt)[None, :], axis=1)
             u = beta * (v - w)
-            o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * tl.sum(k * q, axis=0)
+            o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * kq0
             tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
             tl.store(ur_ptr + slot * s_ur + (h * CAP + c) * V + vv, u, mask=mv)
             if RECOMPUTE:
@@ -181,8 +162,81 @@ def _gdn_replay_kernel(
                 if RECOMPUTE:
                     tl.store(br_ptr + slot * s_br + h * CAP + c, beta)
                 if h % RATIO == 0:
+                    kk = tl.arange(0, K)
+                    k = tl.load(k_row + kk)
                     tl.store(kr_ptr + slot * s_kr + (hk * CAP + c) * K + kk,
                              k.to(kr_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _gdn_flush_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+    kd_ptr, list_ptr, fi_ptr, nan_ptr, seed, layer,
+    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
+    BVF: tl.constexpr,
+):
+    """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
+    the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
+    exists, folds them and the current token, writes o, the checkpoint and the read copy."""
+    TILES: tl.constexpr = (V + BVF - 1) // BVF
+    RATIO: tl.constexpr = HV // HK
+    nflush = tl.load(list_ptr)
+    kk = tl.arange(0, K)
+    j = tl.arange(0, LB)
+    mj = j < L - 1
+    nans = tl.zeros((), dtype=tl.int32)
+    for item in range(tl.program_id(0), nflush * (HV * TILES), tl.num_programs(0)):
+        b = tl.load(list_ptr + 1 + item // (HV * TILES))
+        h = (item // TILES) % HV
+        vt = item % TILES
+        hk = h // RATIO
+        slot = tl.load(slots_ptr + b)
+        vvf = vt * BVF + tl.arange(0, BVF)
+        mvf = vvf < V
+        rowsf = h * V + vvf
+        Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                       ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
+        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+        vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
+        gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
+        beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+        cum = tl.cumsum(gr, 0)
+        total = tl.sum(gr, 0) + gt
+        dec = tl.where(mj, tl.exp(total - cum), 0.0)
+        G = tl.exp(total)
+        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                     mask=mj[:, None], other=0.0).to(tl.float32)
+        kkt = tl.load(kd_ptr + (b * HK + hk) * (2 * LB + 1) + j, mask=mj, other=0.0)
+        if RECOMPUTE:
+            br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+            Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
+                          mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
+            Uf = _recompute_u(Sf, Kr, Vrf, br, gr, j, LB, BVF, L - 1)
+        else:
+            Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
+                         mask=mj[None, :] & mvf[:, None], other=0.0)
+        wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
+        uf = beta * (vf - wf)
+        Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision="ieee")
+        Sf = Sf + uf[:, None] * k[None, :]
+        of = tl.sum(Sf * q[None, :], axis=1)
+        tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
+        fi = tl.load(fi_ptr + slot) + 1
+        nans += write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
+                            ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                            ck_bs_ptr + slot * s_ckbs,
+                            rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                            rd_bs_ptr + slot * s_rdbs,
+                            CK_FMT, RD_FMT, SR, BVF, K)
+    if nans > 0:
+        tl.atomic_add(nan_ptr, nans)
 
 
 def _check(cache: ReplayCache, q, k, v, g, beta, slots):
@@ -211,10 +265,12 @@ def _check(cache: ReplayCache, q, k, v, g, beta, slots):
 
 def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int | None = None,
                     advance: bool = True, num_warps: int = 4, flush_block_v: int | None = None,
-                    lut: bool = False,
+                    flush_warps: int = 4, flush_per_sm: int | None = None, lut: bool = False,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
-    log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32."""
+    log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
+    run three launches like Mamba-2's (ring products + flush list, non-flush rows,
+    persistent flush over the flushing rows' tiles)."""
     HV, HK, V, K = _check(cache, q, k, v, g, beta, slots)
     cfg = cache.cfg
     Bsz = q.shape[0]
@@ -229,14 +285,26 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                                num_warps=num_warps)
     else:
         rd = _state_args(cache.read, slots)
-        BVF = min(flush_block_v or 16, BV)
-        _gdn_replay_kernel[grid](
-            q, k, v, g, beta, slots, o, *ck, *rd, *_ring_args(cache),
-            cache.cursor, cache.flush_index, cache.nan_count, e2m1_table(q.device), cache.seed,
-            cache.layer, HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity,
-            LB=max(16, triton.next_power_of_2(cache.capacity)),
-            CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-            RECOMPUTE=cfg.recompute_u, BV=BV, BVF=BVF, LUT=lut, num_warps=num_warps)
+        LB = max(16, triton.next_power_of_2(cache.capacity))
+        kd = torch.empty(Bsz, HK, 2 * LB + 1, device=q.device, dtype=torch.float32)
+        work = torch.empty(Bsz + 1, device=q.device, dtype=torch.int32)
+        kr = cache.ring["k"]
+        _gdn_prep_kernel[(Bsz, HK)](
+            q, k, slots, kr, slot_stride(kr), cache.cursor, kd, work, Bsz, HK=HK, K=K, L=cfg.L,
+            CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
+        src = rd if cache.read is not None else ck
+        _gdn_nonflush_kernel[grid](
+            q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
+            e2m1_table(q.device), HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
+            SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
+            num_warps=num_warps)
+        BVF = min(flush_block_v or 16, triton.next_power_of_2(V))
+        _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm),)](
+            q, k, v, g, beta, slots, o, *ck, *rd, *_ring_args(cache), kd, work,
+            cache.flush_index, cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
+            K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
+            RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
+            num_warps=flush_warps)
     if advance:
         advance_cursor(cache, slots)
     return o

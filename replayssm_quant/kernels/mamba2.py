@@ -73,88 +73,89 @@ def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.c
     return w, total, mj
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _mamba2_replay_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
-    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
-    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
-    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
-    cur_ptr, fi_ptr, nan_ptr, lut_ptr, seed, layer,
+@triton.jit
+def flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
+    """Rows whose cursor is at L-1 this step, compacted into ``list[1:]`` with their count in
+    ``list[0]``: the persistent flush kernel's work list (no host sync, fixed launch shape).
+    RB rows at a time, so the compiled kernel does not depend on the batch size."""
+    count = tl.zeros((), dtype=tl.int32)
+    for start in range(0, nrows, RB):
+        i = start + tl.arange(0, RB)
+        m = i < nrows
+        slot = tl.load(slots_ptr + i, mask=m, other=-1)
+        ok = m & (slot >= 0)
+        c = tl.load(cur_ptr + slot, mask=ok, other=0)
+        fl = ok & (c == L - 1)
+        pos = count + tl.cumsum(fl.to(tl.int32), 0) - 1
+        tl.store(list_ptr + 1 + pos, i, mask=fl)
+        count += tl.sum(fl.to(tl.int32), 0)
+    tl.store(list_ptr, count)
+
+
+@triton.jit(do_not_specialize=["nrows"])
+def _mamba2_prep_kernel(
+    B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, bc_ptr, list_ptr, nrows,
+    G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Per (row, group), once per step: ``B_j . C`` for the buffered records and ``B . C``
+    for the current token (every head of the group reads them: LB + 1 floats instead of the
+    LB x N records); program (0, 0) also builds the flush list."""
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    if (b == 0) & (g == 0):
+        flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L, RB)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        n = tl.arange(0, N)
+        j = tl.arange(0, LB)
+        c = tl.load(cur_ptr + slot)
+        Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
+        out = bc_ptr + (b * G + g) * (LB + 1)
+        tl.store(out + j, tl.sum(Br * Cv[None, :], axis=1))
+        tl.store(out + LB, tl.sum(Bv * Cv, axis=0))
+
+
+@triton.jit
+def _mamba2_nonflush_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr, slots_ptr, y_ptr,
+    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr, bc_ptr, lut_ptr,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
-    BP: tl.constexpr, BPF: tl.constexpr, LUT: tl.constexpr,
+    SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
 ):
-    """One ReplaySSM step per (row, head, BP head-dim rows); the row's cursor picks the path.
-
-    Non-flush: y from the read source (never a dequantized tile for NVFP4) + ring, append
-    the record. Flush (cursor == L-1): fold all L records into the checkpoint BPF rows at a
-    time (small tiles keep the flush's registers from costing the non-flush path occupancy),
-    write the checkpoint (SR when configured) and the read copy made from its new value.
-    """
+    """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
+    dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
+    once: the flush kernel serves them."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     pt = tl.program_id(2)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
-        HPG: tl.constexpr = H // G
-        g = h // HPG
-        n = tl.arange(0, N)
-        j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
-        dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
-        A = tl.load(A_ptr + h).to(tl.float32)
-        c_ptr = C_ptr + (b * G + g) * N
-        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
-        Cv = tl.load(c_ptr + n).to(tl.float32)
-        w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
-        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                     mask=mj[:, None], other=0.0).to(tl.float32)
-        if c == L - 1:
-            decay = tl.exp(A * total)
-            fi = tl.load(fi_ptr + slot) + 1
-            nans = 0
-            for sub in tl.static_range(BP // BPF):
-                pf = pt * BP + sub * BPF + tl.arange(0, BPF)
-                mpf = pf < P
-                xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
-                xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
-                             mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
-                rowsf = h * P + pf
-                Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                              ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
-                updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision="ieee")
-                Sf = decay * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
-                yf = tl.sum(Sf * Cv[None, :], axis=1)
-                if HAS_D:
-                    yf += tl.load(D_ptr + h).to(tl.float32) * xf
-                tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
-                cntf = write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
-                                    ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                    ck_bs_ptr + slot * s_ckbs,
-                                    rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                                    rd_bs_ptr + slot * s_rdbs,
-                                    CK_FMT, RD_FMT, SR, BPF, N)
-                nans += cntf
-            if nans > 0:
-                tl.atomic_add(nan_ptr, nans)
-        else:
+        if c != L - 1:
+            HPG: tl.constexpr = H // G
+            g = h // HPG
             p = pt * BP + tl.arange(0, BP)
             mp = p < P
+            j = tl.arange(0, LB)
+            sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                             src_bs_ptr + slot * s_srcbs, h * P + p, mp,
+                             C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT)
+            dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+            A = tl.load(A_ptr + h).to(tl.float32)
             x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
+            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
+            bc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + j, mask=mj, other=0.0)
+            bcc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + LB)
             xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                          mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
-            if RD_FMT >= 0:
-                sc, _ = rows_dot(rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                                 rd_bs_ptr + slot * s_rdbs, h * P + p, mp, c_ptr, c_ptr, lut_ptr,
-                                 RD_FMT, BP, N, False, LUT)
-            else:
-                sc, _ = rows_dot(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                                 ck_bs_ptr + slot * s_ckbs, h * P + p, mp, c_ptr, c_ptr, lut_ptr,
-                                 CK_FMT, BP, N, False, LUT)
-            bc = tl.sum(Br * Cv[None, :], axis=1)
             y = tl.exp(A * total) * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
-            y += (dt * x) * tl.sum(Bv * Cv, axis=0)
+            y += (dt * x) * bcc
             if HAS_D:
                 y += tl.load(D_ptr + h).to(tl.float32) * x
             tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
@@ -163,11 +164,72 @@ def _mamba2_replay_kernel(
             if pt == 0:
                 tl.store(dtr_ptr + slot * s_dtr + h * CAP + c, dt)
                 if h % HPG == 0:
+                    n = tl.arange(0, N)
+                    Bv = tl.load(B_ptr + (b * G + g) * N + n)
                     tl.store(Br_ptr + slot * s_Br + (g * CAP + c) * N + n,
                              Bv.to(Br_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _mamba2_flush_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
+    list_ptr, fi_ptr, nan_ptr, seed, layer,
+    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
+    BPF: tl.constexpr,
+):
+    """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
+    flush list. Each tile folds the L-1 buffered records and the current token into the
+    checkpoint, writes y, the checkpoint (SR when configured) and the read copy made from
+    its new value."""
+    TILES: tl.constexpr = (P + BPF - 1) // BPF
+    nflush = tl.load(list_ptr)
+    n = tl.arange(0, N)
+    j = tl.arange(0, LB)
+    nans = tl.zeros((), dtype=tl.int32)
+    for item in range(tl.program_id(0), nflush * (H * TILES), tl.num_programs(0)):
+        b = tl.load(list_ptr + 1 + item // (H * TILES))
+        h = (item // TILES) % H
+        pt = item % TILES
+        g = h // (H // G)
+        slot = tl.load(slots_ptr + b)
+        pf = pt * BPF + tl.arange(0, BPF)
+        mpf = pf < P
+        rowsf = h * P + pf
+        Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                       ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
+        dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, L - 1, dt, A, CAP, LB)
+        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                     mask=mj[:, None], other=0.0).to(tl.float32)
+        xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
+                      mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
+        xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
+        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+        Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+        updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision="ieee")
+        Sf = tl.exp(A * total) * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
+        yf = tl.sum(Sf * Cv[None, :], axis=1)
+        if HAS_D:
+            yf += tl.load(D_ptr + h).to(tl.float32) * xf
+        tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
+        fi = tl.load(fi_ptr + slot) + 1
+        nans += write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
+                            ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                            ck_bs_ptr + slot * s_ckbs,
+                            rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                            rd_bs_ptr + slot * s_rdbs,
+                            CK_FMT, RD_FMT, SR, BPF, N)
+    if nans > 0:
+        tl.atomic_add(nan_ptr, nans)
+
+
+@triton.jit(do_not_specialize=["nrows"])
 def _advance_kernel(slots_ptr, cur_ptr, fi_ptr, L: tl.constexpr, BLOCK: tl.constexpr, nrows):
     """cursor += 1 (mod L); flush_index += 1 on rows that flushed. Separate launch because
     every program of a row reads the cursor before any may change it."""
@@ -221,13 +283,16 @@ def _block_p(P: int, N: int) -> int:
 
 def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                        advance: bool = True, num_warps: int = 4, flush_block_p: int | None = None,
-                       lut: bool = False,
+                       flush_warps: int = 4, flush_per_sm: int | None = None, lut: bool = False,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
     x (B, H, P), dt (B, H) fp32 post-softplus, A (H,), Bm/C (B, G, N), D (H,) or None,
     slots (B,) int32 cache slots (< 0: padding row, skipped). Returns y (B, H, P) fp32.
-    Conventional configs (L = 1, no spec capacity) run the conventional kernel.
+    Conventional configs (L = 1, no spec capacity) run the conventional kernel. ReplaySSM
+    configs run three launches: per-group ring products and the flush list, the non-flush
+    rows (``block_p`` rows per program, ``num_warps``), and a persistent grid over the
+    flushing rows' tiles (``flush_block_p`` rows, ``flush_warps``).
     """
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
     cfg = cache.cfg
@@ -247,18 +312,41 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         return y
     rd = _state_args(cache.read, slots)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
-    BPF = min(flush_block_p or 16, BP)
-    _mamba2_replay_kernel[grid](
+    LB = max(16, triton.next_power_of_2(cache.capacity))
+    bc = torch.empty(Bsz, G, LB + 1, device=x.device, dtype=torch.float32)
+    work = torch.empty(Bsz + 1, device=x.device, dtype=torch.int32)
+    _mamba2_prep_kernel[(Bsz, G)](
+        Bm, C, slots, Br, slot_stride(Br), cache.cursor, bc, work, Bsz, G=G, N=N, L=cfg.L,
+        CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
+    src = rd if cache.read is not None else ck
+    _mamba2_nonflush_kernel[grid](
+        x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
+        slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), H=H, P=P, N=N, G=G, L=cfg.L,
+        CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
+        BP=BP, LUT=lut, num_warps=num_warps)
+    BPF = min(flush_block_p or 16, triton.next_power_of_2(P))
+    _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
-        cache.cursor, cache.flush_index, cache.nan_count, e2m1_table(x.device), cache.seed,
-        cache.layer, H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity,
-        LB=max(16, triton.next_power_of_2(cache.capacity)),
+        work, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
+        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-        HAS_D=D is not None, BP=BP, BPF=BPF, LUT=lut, num_warps=num_warps)
+        HAS_D=D is not None, BPF=BPF, num_warps=flush_warps)
     if advance:
         advance_cursor(cache, slots)
     return y
+
+
+FLUSH_PROGRAMS_PER_SM = 4
+
+
+def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None) -> int:
+    """Size of the persistent flush grid: a few programs per SM (never more than the tiles of
+    a step where every row flushes); four on devices without SMs (the interpreter)."""
+    if device.type != "cuda":
+        return max(1, min(tiles, 4))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(tiles, (per_sm or FLUSH_PROGRAMS_PER_SM) * sms))
 
 
 def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
