@@ -58,8 +58,8 @@ GDN_BUDGET_MS = 100.0  # acceptance: a GDN layer over 131,072 tokens per config
 # Launch variants (rows per program, warps, prefetch); the first of each list is the default.
 VARIANTS = {
     ("gdn", "conv"): [(4, 1, None), (2, 1, None), (8, 1, None), (8, 2, None)],
-    ("gdn", "window"): [(16, 8, False), (16, 4, False), (32, 8, False), (32, 4, False),
-                        (16, 8, True)],
+    ("gdn", "window"): [(16, 4, False), (16, 2, False), (16, 1, False), (32, 4, False),
+                        (16, 4, True)],
     ("mamba2", "conv"): [(4, 1, None), (2, 1, None), (8, 1, None), (8, 2, None)],
     ("mamba2", "window"): [(32, 8, False), (16, 8, True), (16, 4, False), (64, 8, True)],
 }

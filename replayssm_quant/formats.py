@@ -19,7 +19,8 @@ Random words come from Philox-4x32-10 with key ``seed`` (64 bit: low word, high 
 with counter ``(element >> 2, sequence, flush_index, layer)`` yields the words of the four
 consecutive elements ``4c .. 4c + 3``, and element ``e`` takes output word ``e & 3``. This is
 ``triton.language.random.philox(seed, element >> 2, sequence, flush_index, layer)[element & 3]``
-bit for bit.
+bit for bit. fp16 and bf16 need at most 16 random bits (``sr_bits(..., half=True)``): one
+call serves eight elements, each taking one 16-bit half of a word.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "canonical_format",
     "dequantize",
     "fake_quantize",
+    "half_words",
     "philox4x32",
     "quantize",
     "round_elements",
@@ -153,18 +155,41 @@ def philox4x32(c0, c1, c2, c3, seed: int, rounds: int = 10) -> tuple[torch.Tenso
     return x0, x1, x2, x3
 
 
-def sr_bits(seed: int, layer: int, sequence, flush_index, element) -> torch.Tensor:
+HALF_WORD_FORMATS = ("fp16", "bf16")
+
+
+def half_words(fmt: Format | str) -> bool:
+    """Whether SR onto ``fmt`` takes 16-bit random words (two per Philox output word)."""
+    name = fmt.name if isinstance(fmt, Format) else canonical_format(fmt).name
+    return name in HALF_WORD_FORMATS
+
+
+def _halves(w: torch.Tensor) -> torch.Tensor:
+    """``(..., ) -> (..., 2)``: a word's low and high 16 bits, each moved to the top."""
+    return torch.stack([(w << 16) & _MASK32, w & 0xFFFF0000], dim=-1)
+
+
+def sr_bits(seed: int, layer: int, sequence, flush_index, element, half: bool = False
+            ) -> torch.Tensor:
     """The 32-bit random words for stochastic rounding of elements ``element`` (int64 tensor).
 
     One Philox call per group of four consecutive elements: counter
-    ``(element >> 2, sequence, flush_index, layer)``, output word ``element & 3``.
+    ``(element >> 2, sequence, flush_index, layer)``, output word ``element & 3``. With
+    ``half`` (fp16 / bf16 targets, which use at most 16 random bits) one call serves eight
+    elements: counter ``element >> 3``, word ``(element >> 1) & 3``, its low 16 bits for an
+    even element and its high 16 bits for an odd one, placed in the word's top 16 bits.
     """
     element = torch.as_tensor(element, dtype=torch.int64)
-    words = philox4x32(element >> 2, sequence, flush_index, layer, seed)
-    lane = element & 3
+    words = philox4x32(element >> (3 if half else 2), sequence, flush_index, layer, seed)
     shape = words[0].shape
+    stacked = torch.stack(words, dim=-1)
+    if half:
+        stacked = _halves(stacked).flatten(-2)  # index 2 * word + half
+        lane = element & 7
+    else:
+        lane = element & 3
     lane = lane.to(words[0].device).expand(shape)
-    return torch.stack(words, dim=-1).gather(-1, lane.unsqueeze(-1)).squeeze(-1)
+    return stacked.gather(-1, lane.unsqueeze(-1)).squeeze(-1)
 
 
 def state_sr_bits(
@@ -174,13 +199,14 @@ def state_sr_bits(
     sequence: torch.Tensor,
     flush_index: torch.Tensor,
     device=None,
+    half: bool = False,
 ) -> torch.Tensor:
     """Random words for a whole state ``(batch, *row_dims, n)``.
 
     ``element`` is the flat index of the element inside one sequence's state of this layer
     (row-major over ``shape[1:]``); ``sequence`` and ``flush_index`` are per batch row. Equal to
-    ``sr_bits`` on those indices; when ``n % 4 == 0`` each Philox call is made once for its
-    four elements (a quarter of the work).
+    ``sr_bits`` on those indices; when ``n`` is a multiple of the group (4, or 8 with
+    ``half``) each Philox call is made once for its group.
     """
     per_seq = 1
     for s in shape[1:]:
@@ -189,13 +215,16 @@ def state_sr_bits(
     view = (-1,) + (1,) * (len(shape) - 1)
     seq = sequence.to(device=device, dtype=torch.int64).view(view)
     fl = flush_index.to(device=device, dtype=torch.int64).view(view)
-    if len(shape) >= 2 and shape[-1] % 4 == 0:
-        groups = torch.arange(per_seq // 4, device=device, dtype=torch.int64)
-        groups = groups.view(1, *shape[1:-1], shape[-1] // 4)
-        words = philox4x32(groups, seq, fl, layer, seed)
-        return torch.stack(words, dim=-1).reshape(words[0].shape[0], *shape[1:])
+    group = 8 if half else 4
+    if len(shape) >= 2 and shape[-1] % group == 0:
+        groups = torch.arange(per_seq // group, device=device, dtype=torch.int64)
+        groups = groups.view(1, *shape[1:-1], shape[-1] // group)
+        words = torch.stack(philox4x32(groups, seq, fl, layer, seed), dim=-1)
+        if half:
+            words = _halves(words)
+        return words.reshape(words.shape[0], *shape[1:])
     elem = torch.arange(per_seq, device=device, dtype=torch.int64).view(1, *shape[1:])
-    return sr_bits(seed, layer, seq, fl, elem)
+    return sr_bits(seed, layer, seq, fl, elem, half)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 stream"): element ``e`` takes word ``e & 3`` of Philox-4x32-10 with counter
 ``(e >> 2, sequence, flush_index, layer)`` and key ``seed``. Checked against Triton's own
 ``tl.philox`` (interpreted) and between the reference (``formats.sr_bits``) and the kernels'
-``sr_words`` for rank-2 and rank-3 element tiles."""
+``sr_words`` for rank-2 and rank-3 element tiles. fp16 / bf16 targets take 16-bit words: one
+call per eight elements, the low / high half of word ``(e >> 1) & 3`` moved to the top."""
 
 import pytest
 import torch
@@ -39,18 +40,20 @@ def _triton_philox(c0, c1, c2, c3, seed):
 
 
 @triton.jit
-def _words2_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: tl.constexpr):
+def _words2_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: tl.constexpr,
+                   HALF: tl.constexpr):
     """``sr_words`` on a ``(rows, N)`` tile starting at row ROW0 (as the decode kernels)."""
     rows = ROW0 + tl.arange(0, R)
     n = tl.arange(0, N)
     elem = rows[:, None] * N + n[None, :]
     seq = tl.load(seq_ptr)
-    r = sr_words(seed, layer, seq, fi, elem)
+    r = sr_words(seed, layer, seq, fi, elem, HALF)
     tl.store(out_ptr + tl.arange(0, R)[:, None] * N + n[None, :], r.to(tl.int64))
 
 
 @triton.jit
-def _words3_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: tl.constexpr):
+def _words3_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: tl.constexpr,
+                   HALF: tl.constexpr):
     """``sr_words`` on a ``(N // 16, rows, 16)`` chunked tile (as the emulator kernels)."""
     KC: tl.constexpr = N // 16
     rows = tl.arange(0, R)
@@ -59,7 +62,7 @@ def _words3_kernel(out_ptr, seq_ptr, seed, layer, fi, ROW0, R: tl.constexpr, N: 
     col = c[:, None, None] * 16 + d[None, None, :]
     elem = (ROW0 + rows)[None, :, None] * N + col
     seq = tl.load(seq_ptr)
-    r = sr_words(seed, layer, seq, fi, elem)
+    r = sr_words(seed, layer, seq, fi, elem, HALF)
     tl.store(out_ptr + rows[None, :, None] * N + col, r.to(tl.int64))
 
 
@@ -99,28 +102,60 @@ def test_sr_bits_known_answer():
     assert len(set(F.sr_bits(SEED, 3, 9, 4, torch.arange(64)).tolist())) == 64
 
 
+def test_half_words_known_answer():
+    """16-bit words: elements 8c .. 8c+7 are the low and high halves of one call's four words
+    in order, each in the top 16 bits (bf16's ``bits + (r >> 16)`` and the grid rounding's
+    ``(r >> 8) * 2^-24`` then see 16 random bits)."""
+    c = torch.tensor([0, 3, 77, 2**29 - 1])
+    words = torch.stack(F.philox4x32(c, 9, 4, 3, SEED)).T  # (groups, 4)
+    want = torch.stack([(words << 16) & 0xFFFFFFFF, words & 0xFFFF0000], -1).flatten(1)
+    elems = 8 * c[:, None] + torch.arange(8)
+    got = F.sr_bits(SEED, 3, 9, 4, elems, half=True)
+    assert torch.equal(got, want)
+    assert (got & 0xFFFF).eq(0).all()
+    assert len(set(F.sr_bits(SEED, 3, 9, 4, torch.arange(64), half=True).tolist())) == 64
+
+
+@pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("shape", [(3, 2, 4, 32), (2, 8, 64), (2, 3, 6)])
-def test_state_sr_bits_is_sr_bits_on_flat_indices(shape):
+def test_state_sr_bits_is_sr_bits_on_flat_indices(shape, half):
     """The whole-state helper (one call per group when ``n % 4 == 0``) equals ``sr_bits`` on
     the row-major element index, per batch row's sequence and flush index."""
     B = shape[0]
     seq = torch.tensor([5, 1, 7])[:B]
     fl = torch.tensor([0, 2, 3])[:B]
-    got = F.state_sr_bits(shape, SEED, 2, seq, fl)
+    got = F.state_sr_bits(shape, SEED, 2, seq, fl, half=half)
     per = torch.arange(torch.Size(shape[1:]).numel()).view(1, *shape[1:])
     view = (-1,) + (1,) * (len(shape) - 1)
     assert got.shape == shape
-    assert torch.equal(got, F.sr_bits(SEED, 2, seq.view(view), fl.view(view), per))
+    assert torch.equal(got, F.sr_bits(SEED, 2, seq.view(view), fl.view(view), per, half))
 
 
+@pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("rank", [2, 3])
 @pytest.mark.parametrize("R,N,row0", [(8, 32, 0), (4, 64, 37), (16, 128, 3)])
-def test_kernel_sr_words_match_reference(rank, R, N, row0):
+def test_kernel_sr_words_match_reference(rank, R, N, row0, half):
     """``kernels.common.sr_words`` (one Philox call per four elements) equals ``sr_bits``
     exactly, for ``(rows, N)`` and ``(N // 16, rows, 16)`` element tiles."""
     seq, layer, fi = 123456, 5, 77
     out = torch.empty(R * N, dtype=torch.int64)
     kern = _words2_kernel if rank == 2 else _words3_kernel
-    kern[(1,)](out, torch.tensor([seq], dtype=torch.int32), SEED, layer, fi, row0, R=R, N=N)
-    want = F.sr_bits(SEED, layer, seq, fi, torch.arange(row0 * N, (row0 + R) * N))
+    kern[(1,)](out, torch.tensor([seq], dtype=torch.int32), SEED, layer, fi, row0, R=R, N=N,
+               HALF=half)
+    want = F.sr_bits(SEED, layer, seq, fi, torch.arange(row0 * N, (row0 + R) * N), half)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16"])
+def test_half_words_round_without_bias(fmt):
+    """SR onto fp16 / bf16 with the 16-bit words of a real state's stream is unbiased: over
+    2^20 elements holding one value between two grid points, the mean lands on the value
+    within 4 standard errors, and both neighbours occur."""
+    shape = (1, 1024, 1024)
+    x = torch.full(shape, 1.0 + 0.3 * 2.0**-7 if fmt == "bf16" else 1.0 + 0.3 * 2.0**-10)
+    r = F.state_sr_bits(shape, SEED, 1, torch.tensor([2]), torch.tensor([5]), half=True)
+    q = F.dequantize(F.quantize(x, fmt, "sr", r)).double()
+    step = 2.0**-7 if fmt == "bf16" else 2.0**-10
+    assert set(q.unique().tolist()) == {1.0, 1.0 + step}
+    se = step * (0.3 * 0.7 / q.numel()) ** 0.5
+    assert abs(q.mean().item() - x[0, 0, 0].item()) < 4 * se

@@ -40,31 +40,58 @@ def with_sign_of(q, x):
 
 
 @triton.jit
-def sr_words(seed, layer, sequence, flush_index, element):
+def sr_words(seed, layer, sequence, flush_index, element, HALF: tl.constexpr = False):
     """SR words of the elements ``element``: Philox-4x32-10 with key seed and counter
-    (element >> 2, sequence, flush_index, layer), output word ``element & 3``.
+    (element >> 2, sequence, flush_index, layer), output word ``element & 3``; with HALF
+    (fp16 / bf16 targets) counter ``element >> 3`` and the low / high 16 bits of word
+    ``(element >> 1) & 3`` for an even / odd element, moved to the top (``formats.sr_bits``).
 
-    One Philox call serves four consecutive elements. ``element`` (rank 2 or 3) must hold
-    consecutive indices along its last axis in runs aligned to 4 (a multiple of 4 long: a
-    ``(rows, d)`` tile, or a ``(d // 16, rows, 16)`` chunked tile); ``sequence``,
-    ``flush_index`` and ``layer`` are scalars. The group counters are the first of every four
-    (two splits of a ``(.., 2, 2)`` view: no reduction), and the four words go back with
-    joins; compiled, this gave fewer layout conversions than a ``tl.min`` over the group or a
-    select of broadcast words."""
+    One Philox call serves four (eight) consecutive elements. ``element`` (rank 2 or 3) must
+    hold consecutive indices along its last axis in runs aligned to the group (a ``(rows, d)``
+    tile, or a ``(d // 16, rows, 16)`` chunked tile); ``sequence``, ``flush_index`` and
+    ``layer`` are scalars. The group counters are the first of every group (splits of a
+    ``(.., 2, 2[, 2])`` view: no reduction), and the words go back with joins, which compile
+    to fewer layout conversions than a ``tl.min`` over the group or a select of broadcast
+    words."""
     RANK: tl.constexpr = len(element.shape)
-    e = element.to(tl.uint32) >> 2
-    if RANK == 2:
-        e = tl.reshape(e, (element.shape[0], element.shape[1] // 4, 2, 2))
+    GS: tl.constexpr = 8 if HALF else 4
+    e = element.to(tl.uint32) >> (3 if HALF else 2)
+    if HALF:
+        if RANK == 2:
+            e = tl.reshape(e, (element.shape[0], element.shape[1] // 8, 2, 2, 2))
+        else:
+            tl.static_assert(RANK == 3, "sr_words: element must have rank 2 or 3")
+            e = tl.reshape(e, (element.shape[0], element.shape[1], element.shape[2] // 8, 2, 2, 2))
+        g, _ = tl.split(e)
+        g, _ = tl.split(g)
+        g, _ = tl.split(g)
     else:
-        tl.static_assert(RANK == 3, "sr_words: element must have rank 2 or 3")
-        e = tl.reshape(e, (element.shape[0], element.shape[1], element.shape[2] // 4, 2, 2))
-    g, _ = tl.split(e)
-    g, _ = tl.split(g)
+        if RANK == 2:
+            e = tl.reshape(e, (element.shape[0], element.shape[1] // GS, 2, 2))
+        else:
+            tl.static_assert(RANK == 3, "sr_words: element must have rank 2 or 3")
+            e = tl.reshape(e, (element.shape[0], element.shape[1], element.shape[2] // GS, 2, 2))
+        g, _ = tl.split(e)
+        g, _ = tl.split(g)
     z = g * 0
     r0, r1, r2, r3 = philox(seed, g, z + sequence.to(tl.uint32), z + flush_index.to(tl.uint32),
                             z + layer.to(tl.uint32))
     # join(join(r0, r2), join(r1, r3))[..., a, b] = r_{2a + b}: word k to element 4c + k
-    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), element.shape)
+    w = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+    if HALF:  # [..., a, b, h]: half h of word 2a + b to element 8c + 2 (2a + b) + h
+        w = tl.join(w << 16, w & 0xFFFF0000)
+    return tl.reshape(w, element.shape)
+
+
+@triton.jit
+def sr_words_for(seed, layer, sequence, flush_index, element, FMT: tl.constexpr):
+    """``sr_words`` with the word width SR onto format FMT takes (16 bits for fp16 / bf16)."""
+    if FMT == 1:
+        return sr_words(seed, layer, sequence, flush_index, element, True)
+    elif FMT == 2:
+        return sr_words(seed, layer, sequence, flush_index, element, True)
+    else:
+        return sr_words(seed, layer, sequence, flush_index, element, False)
 
 
 @triton.jit
@@ -321,6 +348,21 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
         return ya, yb
 
 
+@triton.jit
+def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr):
+    """``(I + M)^-1`` for strictly lower-triangular ``M``: ``M^LB = 0``, so the inverse is
+    ``(I - M)(I + M^2)(I + M^4)...`` with log2(LB) factors. It does not depend on the state,
+    so the state-dependent part of a window is a few matrix products."""
+    j = tl.arange(0, LB)
+    eye = (j[:, None] == j[None, :]).to(tl.float32)
+    X = -M
+    P = eye + X
+    for _ in tl.static_range(LOG_LB - 1):
+        X = tl.dot(X, X, input_precision="ieee")
+        P = tl.dot(P, eye + X, input_precision="ieee")
+    return P
+
+
 _E2M1_TABLES: dict = {}
 
 
@@ -346,7 +388,7 @@ def write_state(S, slot, fi, seed, layer, rows, n_idx, mask_r,
     and, when RD_FMT >= 0, the read copy made from the checkpoint's new value. Pointers are
     already offset to the slot. Returns the number of NaNs written."""
     elem = rows[:, None] * N + n_idx[None, :]
-    r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+    r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
     deq, nans = store_rows(S, r, ck, ck_rs, ck_bs, rows, n_idx, mask_r, CK_FMT, SR, BR, N)
     if RD_FMT >= 0:
         store_rows(deq, r, rd, rd_rs, rd_bs, rows, n_idx, mask_r, RD_FMT, False, BR, N)

@@ -56,7 +56,8 @@ from .common import (
     round_grid,
     round_to,
     safe_div,
-    sr_words,
+    sr_words_for,
+    unit_lower_inverse,
 )
 
 __all__ = ["MAX_KERNEL_L", "gdn_emulate", "gdn_supported", "mamba2_emulate", "mamba2_supported"]
@@ -70,10 +71,10 @@ _PREP_MAX_GRID = 32768  # windows per segment (the launch grid's third axis)
 # Device helpers
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _words(seed, layer, seq, flush_index, elem, SR: tl.constexpr):
-    """SR random words of the tile (unused placeholder values for RN)."""
+def _words(seed, layer, seq, flush_index, elem, SR: tl.constexpr, CK: tl.constexpr):
+    """SR random words of the tile for checkpoint format CK (unused placeholders for RN)."""
     if SR:
-        return sr_words(seed, layer, seq, flush_index, elem)
+        return sr_words_for(seed, layer, seq, flush_index, elem, CK)
     else:
         return elem.to(tl.uint32)
 
@@ -150,21 +151,6 @@ def _entry(v, r, LB: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, LB) == r, v, 0.0), axis=0)
 
 
-@triton.jit
-def _unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr):
-    """``(I + M)^-1`` for strictly lower-triangular ``M``: ``M^LB = 0``, so the inverse is
-    ``(I - M)(I + M^2)(I + M^4)...`` with log2(LB) factors. It does not depend on the state,
-    so the state-dependent part of a window is a few matrix products."""
-    j = tl.arange(0, LB)
-    eye = (j[:, None] == j[None, :]).to(tl.float32)
-    X = -M
-    P = eye + X
-    for _ in tl.static_range(LOG_LB - 1):
-        X = tl.dot(X, X, input_precision="ieee")
-        P = tl.dot(P, eye + X, input_precision="ieee")
-    return P
-
-
 # ----------------------------------------------------------------------------------------------
 # Gated DeltaNet. Per-program base pointers (``qb`` ...) point at token 0 of this program's
 # sequence and head; ``SK``/``SV`` are the token strides of q, k and of v, o.
@@ -195,7 +181,7 @@ def _gdn_conv_step(S, q, k, v, g, be, ob, t, vv, mv, elem, seed, layer, seq,
     S = a * S + u[:, None] * k[None, :]
     o = tl.sum(S * q[None, :], axis=1)
     tl.store(ob + t.to(tl.int64) * SV + vv, o, mask=mv)
-    return _fake_quant(S, _words(seed, layer, seq, t + 1, elem, SR), CK, SR, BV, K)
+    return _fake_quant(S, _words(seed, layer, seq, t + 1, elem, SR, CK), CK, SR, BV, K)
 
 
 @triton.jit(do_not_specialize=["T", "seed", "layer"])
@@ -224,7 +210,7 @@ def _gdn_conv_kernel(
     ob = o_ptr + base * SV + h * V
     sb = b.to(tl.int64) * (HV * V * K)
     S = tl.load(s0_ptr + sb + elem, mask=mv[:, None], other=0.0)
-    S = _fake_quant(S, _words(seed, layer, seq, seq * 0, elem, SR), CK, SR, BV, K)
+    S = _fake_quant(S, _words(seed, layer, seq, seq * 0, elem, SR, CK), CK, SR, BV, K)
     z = T * 0
     q0, k0, v0, g0, b0 = _gdn_token(qb, kb, vb, gb, bb, z, T, vv, mv, kk, SK, SV, HV)
     q1, k1, v1, g1, b1 = _gdn_token(qb, kb, vb, gb, bb, z + 1, T, vv, mv, kk, SK, SV, HV)
@@ -316,7 +302,7 @@ def _gdn_window_prep_kernel(
     KQ = tl.sum(tl.dot(kA, qB, input_precision="ieee"), axis=0)  # [i, j] = k_i . q_j
     # u_j + beta_j sum_{i<j} G(i+1..j) (k_i.k_j) u_i = beta_j (v_j - G(c+1..j) R k_j)
     M = tl.where(j[None, :] < j[:, None], bw[:, None] * (dec * KK), 0.0)
-    TI = tl.trans(_unit_lower_inverse(M, LB, LOG_LB))
+    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB))
     W = tl.where(j[None, :] <= j[:, None], dec * tl.trans(KQ), 0.0)  # [j, i]
     P = tl.dot(TI, tl.trans(W), input_precision="ieee")
     wf = tl.where(j < cnt, _row(dec, cnt - 1, LB), 0.0)
@@ -417,7 +403,7 @@ def _gdn_window_kernel(
     S = tl.load(s0_ptr + sb + elem, mask=mrow, other=0.0)
     z = T * 0
     if FIRST:
-        S = _fake_quant3(S, _words(seed, layer, seq, seq * 0, elem, SR), CK, SR)
+        S = _fake_quant3(S, _words(seed, layer, seq, seq * 0, elem, SR, CK), CK, SR)
     R = S
     if RD >= 0:  # the read copy is a function of the checkpoint's value
         R = _fake_quant3(S, elem.to(tl.uint32), RD, False)
@@ -436,7 +422,7 @@ def _gdn_window_kernel(
                 qb, kb, vb, bb, pb + i * REC, t0, z + L, vv, mv, SK, SV, HV, K, L, LB)
         S = _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, et, wf, ob, t0, L, L - 1, vv, mv,
                         SV, BV, KC, LB, True, RD)
-        r = _words(seed, layer, seq, z + w + 1, elem, SR)
+        r = _words(seed, layer, seq, z + w + 1, elem, SR, CK)
         S = _fake_quant3(S, r, CK, SR)
         R = S
         if RD >= 0:
@@ -482,7 +468,7 @@ def _m2_conv_step(S, x, dt, Bv, Cv, A, Dh, yb, t, pp, mp, elem, seed, layer, seq
     if HAS_D:
         y = y + Dh * x
     tl.store(yb + t.to(tl.int64) * SX + pp, y, mask=mp)
-    return _fake_quant(S, _words(seed, layer, seq, t + 1, elem, SR), CK, SR, BP, N)
+    return _fake_quant(S, _words(seed, layer, seq, t + 1, elem, SR, CK), CK, SR, BP, N)
 
 
 @triton.jit(do_not_specialize=["T", "seed", "layer"])
@@ -512,7 +498,7 @@ def _m2_conv_kernel(
     yb = y_ptr + base * SX + h * P
     sb = b.to(tl.int64) * (H * P * N)
     S = tl.load(s0_ptr + sb + elem, mask=mp[:, None], other=0.0)
-    S = _fake_quant(S, _words(seed, layer, seq, seq * 0, elem, SR), CK, SR, BP, N)
+    S = _fake_quant(S, _words(seed, layer, seq, seq * 0, elem, SR, CK), CK, SR, BP, N)
     z = T * 0
     x0, d0, B0, C0 = _m2_token(xb, dtb, Bb, Cb, z, T, pp, mp, nn, SX, SG, H)
     x1, d1, B1, C1 = _m2_token(xb, dtb, Bb, Cb, z + 1, T, pp, mp, nn, SX, SG, H)
@@ -637,7 +623,7 @@ def _m2_window_kernel(
     yb = y_ptr + base * SX + h * P
     sb = b.to(tl.int64) * (H * P * N)
     S = tl.load(s0_ptr + sb + elem, mask=mrow, other=0.0)
-    r = _words(seed, layer, seq, seq * 0, elem, SR)
+    r = _words(seed, layer, seq, seq * 0, elem, SR, CK)
     S = _fake_quant3(S, r, CK, SR)
     R = S
     if RD >= 0:
@@ -657,7 +643,7 @@ def _m2_window_kernel(
                 xb, dtb, Bb, Cb, t0, z + L, pp, mp, SX, SG, H, N, L, LB)
         S = _m2_window(S, R, xw, dtw, dts, BA, CB, xf, Cf, A, Dh, yb, t0, L, L - 1, pp, mp, SX,
                        BP, KC, LB, True, HAS_D)
-        r = _words(seed, layer, seq, z + w + 1, elem, SR)
+        r = _words(seed, layer, seq, z + w + 1, elem, SR, CK)
         S = _fake_quant3(S, r, CK, SR)
         R = S
         if RD >= 0:
@@ -729,7 +715,7 @@ def gdn_emulate(
     ``k`` and ``v`` are rounded through ``act_dtype`` (what the ring stores) before the launch,
     like the reference. Launch knobs (results do not depend on them): ``block_v`` value rows
     per program (default 4 conventional, 16 windowed: the chunk products need >= 16),
-    ``num_warps`` (default 1 / 8), ``prefetch`` (windowed: hold the next window's inputs in
+    ``num_warps`` (default 1 / 4), ``prefetch`` (windowed: hold the next window's inputs in
     registers while computing this one; default off, it costs registers)."""
     from ..ssm.replay import check_row_length, check_tensor
 
@@ -763,7 +749,7 @@ def gdn_emulate(
             *args, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, SR=sr, num_warps=num_warps or 1)
     else:
         BV = max(16, min(block_v or 16, triton.next_power_of_2(V)))
-        _gdn_windows(cfg, args, n, HV, HK, V, K, BV, ck, sr, bool(prefetch), num_warps or 8)
+        _gdn_windows(cfg, args, n, HV, HK, V, K, BV, ck, sr, bool(prefetch), num_warps or 4)
     return o, sf
 
 

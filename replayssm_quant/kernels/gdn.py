@@ -15,7 +15,15 @@ import triton
 import triton.language as tl
 
 from .cache import ReplayCache, slot_stride
-from .common import e2m1_table, load_rows, rows_dot, sr_words, store_rows, write_state
+from .common import (
+    e2m1_table,
+    load_rows,
+    rows_dot,
+    sr_words_for,
+    store_rows,
+    unit_lower_inverse,
+    write_state,
+)
 from .mamba2 import _fmt, _state_args, advance_cursor, flush_list, flush_programs
 
 
@@ -50,7 +58,7 @@ def _gdn_conv_kernel(
         tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
         fi = tl.load(fi_ptr + slot) + 1
         elem = rows[:, None] * K + kk[None, :]
-        r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+        r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
         _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
                              ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
         if nans > 0:
@@ -78,13 +86,18 @@ def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC:
 
 @triton.jit(do_not_specialize=["nrows"])
 def _gdn_prep_kernel(
-    q_ptr, k_ptr, slots_ptr, kr_ptr, s_kr, cur_ptr, kd_ptr, list_ptr, nrows,
-    HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    RB: tl.constexpr,
+    q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, kd_ptr, ti_ptr,
+    list_ptr, nrows,
+    HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr,
+    LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, RECOMPUTE: tl.constexpr,
 ):
     """Per (row, key head), once per step: ``k_j . k`` and ``k_j . q`` for the buffered keys
     and ``k . q`` (both value heads of a key head read them: 2 LB + 1 floats instead of the
-    LB x d_k keys); program (0, 0) also builds the flush list."""
+    LB x d_k keys); program (0, 0) also builds the flush list. On flushing rows whose flush
+    recomputes u, also the UT transform of each value head's window, ``TI = (I + M)^-T``
+    with ``M[j, i] = beta_j exp(cum_j - cum_i) k_j . k_i`` (i < j): the flush then gets its
+    u's as ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1
+    dependent steps."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     if (b == 0) & (hk == 0):
@@ -102,6 +115,20 @@ def _gdn_prep_kernel(
         tl.store(out + j, tl.sum(Kr * k[None, :], axis=1))
         tl.store(out + LB + j, tl.sum(Kr * q[None, :], axis=1))
         tl.store(out + 2 * LB, tl.sum(k * q, axis=0))
+        if RECOMPUTE:
+            if c == L - 1:
+                mj = j < c
+                KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")  # [j, i] = k_j . k_i
+                sq = j[:, None] * LB + j[None, :]
+                for r in tl.static_range(HV // HK):
+                    h = hk * (HV // HK) + r
+                    gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+                    br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+                    cum = tl.cumsum(gr, 0)
+                    M = tl.where(j[None, :] < j[:, None],
+                                 br[:, None] * tl.exp(cum[:, None] - cum[None, :]) * KK, 0.0)
+                    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB))
+                    tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
 
 @triton.jit
@@ -174,7 +201,7 @@ def _gdn_flush_kernel(
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-    kd_ptr, list_ptr, fi_ptr, nan_ptr, seed, layer,
+    kd_ptr, ti_ptr, list_ptr, fi_ptr, nan_ptr, seed, layer,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
@@ -218,7 +245,10 @@ def _gdn_flush_kernel(
             br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
             Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
                           mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
-            Uf = _recompute_u(Sf, Kr, Vrf, br, gr, j, LB, BVF, L - 1)
+            SK = tl.dot(Sf, tl.trans(Kr), input_precision="ieee")  # (BVF, LB): S_c k_j
+            X = br[None, :] * (Vrf - tl.exp(cum)[None, :] * SK)
+            TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
+            Uf = tl.dot(X, TI, input_precision="ieee")
         else:
             Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
                          mask=mj[None, :] & mvf[:, None], other=0.0)
@@ -264,7 +294,8 @@ def _check(cache: ReplayCache, q, k, v, g, beta, slots):
 
 
 def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int | None = None,
-                    advance: bool = True, num_warps: int = 4, flush_block_v: int | None = None,
+                    advance: bool = True, num_warps: int | None = None,
+                    flush_block_v: int | None = None,
                     flush_warps: int = 4, flush_per_sm: int | None = None, lut: bool = False,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
@@ -275,7 +306,11 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     cfg = cache.cfg
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
-    BV = block_v or min(triton.next_power_of_2(V), 32)
+    # tuned at batch 256 on the H200 (reports/kernels): conventional 32 rows / 8 warps,
+    # ReplaySSM non-flush 64 rows / 4 warps
+    conv = cache.capacity == 0
+    BV = block_v or min(triton.next_power_of_2(V), 32 if conv else 64)
+    num_warps = num_warps or (8 if conv else 4)
     grid = (Bsz, HV, triton.cdiv(V, BV))
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:
@@ -288,19 +323,23 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         LB = max(16, triton.next_power_of_2(cache.capacity))
         kd = torch.empty(Bsz, HK, 2 * LB + 1, device=q.device, dtype=torch.float32)
         work = torch.empty(Bsz + 1, device=q.device, dtype=torch.int32)
-        kr = cache.ring["k"]
+        ring = _ring_args(cache)
+        kr, gr, br = ring[0], ring[2], ring[4]
+        ti = torch.empty(Bsz * HV * LB * LB if cfg.recompute_u else 1, device=q.device,
+                         dtype=torch.float32)
         _gdn_prep_kernel[(Bsz, HK)](
-            q, k, slots, kr, slot_stride(kr), cache.cursor, kd, work, Bsz, HK=HK, K=K, L=cfg.L,
-            CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
+            q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
+            cache.cursor, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L, CAP=cache.capacity,
+            LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, RECOMPUTE=cfg.recompute_u, num_warps=4)
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
             e2m1_table(q.device), HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             num_warps=num_warps)
-        BVF = min(flush_block_v or 16, triton.next_power_of_2(V))
+        BVF = min(flush_block_v or 32, triton.next_power_of_2(V))
         _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm),)](
-            q, k, v, g, beta, slots, o, *ck, *rd, *_ring_args(cache), kd, work,
+            q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work,
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,

@@ -13,7 +13,16 @@ import triton
 import triton.language as tl
 
 from .cache import ReplayCache, slot_stride
-from .common import FMT_CODES, FMT_NONE, e2m1_table, load_rows, rows_dot, sr_words, store_rows, write_state
+from .common import (
+    FMT_CODES,
+    FMT_NONE,
+    e2m1_table,
+    load_rows,
+    rows_dot,
+    sr_words_for,
+    store_rows,
+    write_state,
+)
 
 
 def _fmt(st) -> int:
@@ -53,7 +62,7 @@ def _mamba2_conv_kernel(
         tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
         fi = tl.load(fi_ptr + slot) + 1
         elem = rows[:, None] * N + n[None, :]
-        r = sr_words(seed, layer, slot, fi, elem) if SR else elem.to(tl.uint32)
+        r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
         _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
                              ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
         if nans > 0:
@@ -324,7 +333,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
         BP=BP, LUT=lut, num_warps=num_warps)
-    BPF = min(flush_block_p or 16, triton.next_power_of_2(P))
+    BPF = min(flush_block_p or 32, triton.next_power_of_2(P))
     _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),

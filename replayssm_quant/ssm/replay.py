@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..formats import QTensor, dequantize, quantize, state_sr_bits
+from ..formats import QTensor, dequantize, half_words, quantize, state_sr_bits
 from ..precision import PrecisionConfig, parse_config
 
 __all__ = [
@@ -241,7 +241,7 @@ def write_checkpoint(state: ReplayState, slots: torch.Tensor, s_new: torch.Tenso
     if cfg.ckpt_rounding == "sr":
         r = state_sr_bits(tuple(s_new.shape), state.seed, state.layer,
                           sequence=state.sr_sequence[slots],
-                          flush_index=state.flush_index[slots])
+                          flush_index=state.flush_index[slots], half=half_words(cfg.ckpt))
     q = quantize(s_new, cfg.ckpt, cfg.ckpt_rounding, r)
     state.nan_count += q.nan_count
     _qt_assign(state.ckpt, slots, q)

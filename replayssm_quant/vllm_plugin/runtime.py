@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..formats import QTensor, canonical_format, dequantize, quantize, state_sr_bits
+from ..formats import QTensor, canonical_format, dequantize, half_words, quantize, state_sr_bits
 from ..kernels import gdn as gdn_kernels
 from ..kernels import mamba2 as mamba2_kernels
 from ..kernels.cache import ReplayCache, StateTensors
@@ -156,7 +156,7 @@ def refresh_after_prefill(cache: ReplayCache, slots: torch.Tensor, state: torch.
     r = None
     if cfg.uses_sr:
         r = state_sr_bits(tuple(state.shape), cache.seed, cache.layer, sequence=slots,
-                          flush_index=torch.zeros_like(slots))
+                          flush_index=torch.zeros_like(slots), half=half_words(cfg.ckpt))
     q = quantize(state, cfg.ckpt, cfg.ckpt_rounding, r)
     _assign(cache.ckpt, slots, q)
     if cache.read is not None:
