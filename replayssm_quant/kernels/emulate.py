@@ -65,6 +65,7 @@ __all__ = ["MAX_KERNEL_L", "gdn_emulate", "gdn_supported", "mamba2_emulate", "ma
 MAX_KERNEL_L = 32  # a window's records live in registers: L = 64 spills heavily when compiled
 _PREP_BYTES = 256 << 20  # GDN window records held at once (a segment of the sequence)
 _PREP_MAX_GRID = 32768  # windows per segment (the launch grid's third axis)
+_MERGE_RQ = True  # GDN windows: R k_j and R q_j as one product (bit-identical either way)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,17 +172,18 @@ def _gdn_token(qb, kb, vb, gb, bb, t, T, vv, mv, kk, SK: tl.constexpr, SV: tl.co
 
 
 @triton.jit
-def _gdn_conv_step(S, q, k, v, g, be, ob, t, vv, mv, elem, seed, layer, seq,
+def _gdn_conv_step(S, q, k, v, g, be, ob, t, vv, mv, r,
                    SV: tl.constexpr, K: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr,
                    SR: tl.constexpr):
-    """Conventional step: output from the fp32 state, then the state rounded to the ckpt."""
+    """Conventional step: output from the fp32 state, then the state rounded to the ckpt
+    with the SR words ``r`` (drawn ahead by the caller: they do not depend on the state)."""
     a = tl.exp(g)
     sk = tl.sum(S * k[None, :], axis=1)
     u = be * (v - a * sk)
     S = a * S + u[:, None] * k[None, :]
     o = tl.sum(S * q[None, :], axis=1)
     tl.store(ob + t.to(tl.int64) * SV + vv, o, mask=mv)
-    return _fake_quant(S, _words(seed, layer, seq, t + 1, elem, SR, CK), CK, SR, BV, K)
+    return _fake_quant(S, r, CK, SR, BV, K)
 
 
 @triton.jit(do_not_specialize=["T", "seed", "layer"])
@@ -223,28 +225,30 @@ def _gdn_conv_kernel(
         nq1, nk1, nv1, ng1, nb1 = _gdn_token(qb, kb, vb, gb, bb, t + 5, T, vv, mv, kk, SK, SV, HV)
         nq2, nk2, nv2, ng2, nb2 = _gdn_token(qb, kb, vb, gb, bb, t + 6, T, vv, mv, kk, SK, SV, HV)
         nq3, nk3, nv3, ng3, nb3 = _gdn_token(qb, kb, vb, gb, bb, t + 7, T, vv, mv, kk, SK, SV, HV)
-        S = _gdn_conv_step(S, q0, k0, v0, g0, b0, ob, t, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
-        S = _gdn_conv_step(S, q1, k1, v1, g1, b1, ob, t + 1, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
-        S = _gdn_conv_step(S, q2, k2, v2, g2, b2, ob, t + 2, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
-        S = _gdn_conv_step(S, q3, k3, v3, g3, b3, ob, t + 3, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
+        # the four tokens' SR words do not depend on the state: drawn first, they overlap
+        # the steps' dependent reductions
+        r0 = _words(seed, layer, seq, t + 1, elem, SR, CK)
+        r1 = _words(seed, layer, seq, t + 2, elem, SR, CK)
+        r2 = _words(seed, layer, seq, t + 3, elem, SR, CK)
+        r3 = _words(seed, layer, seq, t + 4, elem, SR, CK)
+        S = _gdn_conv_step(S, q0, k0, v0, g0, b0, ob, t, vv, mv, r0, SV, K, BV, CK, SR)
+        S = _gdn_conv_step(S, q1, k1, v1, g1, b1, ob, t + 1, vv, mv, r1, SV, K, BV, CK, SR)
+        S = _gdn_conv_step(S, q2, k2, v2, g2, b2, ob, t + 2, vv, mv, r2, SV, K, BV, CK, SR)
+        S = _gdn_conv_step(S, q3, k3, v3, g3, b3, ob, t + 3, vv, mv, r3, SV, K, BV, CK, SR)
         q0, k0, v0, g0, b0 = nq0, nk0, nv0, ng0, nb0
         q1, k1, v1, g1, b1 = nq1, nk1, nv1, ng1, nb1
         q2, k2, v2, g2, b2 = nq2, nk2, nv2, ng2, nb2
         q3, k3, v3, g3, b3 = nq3, nk3, nv3, ng3, nb3
     t = (T // 4) * 4
     if t < T:
-        S = _gdn_conv_step(S, q0, k0, v0, g0, b0, ob, t, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
+        S = _gdn_conv_step(S, q0, k0, v0, g0, b0, ob, t, vv, mv,
+                           _words(seed, layer, seq, t + 1, elem, SR, CK), SV, K, BV, CK, SR)
     if t + 1 < T:
-        S = _gdn_conv_step(S, q1, k1, v1, g1, b1, ob, t + 1, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
+        S = _gdn_conv_step(S, q1, k1, v1, g1, b1, ob, t + 1, vv, mv,
+                           _words(seed, layer, seq, t + 2, elem, SR, CK), SV, K, BV, CK, SR)
     if t + 2 < T:
-        S = _gdn_conv_step(S, q2, k2, v2, g2, b2, ob, t + 2, vv, mv, elem, seed, layer, seq,
-                           SV, K, BV, CK, SR)
+        S = _gdn_conv_step(S, q2, k2, v2, g2, b2, ob, t + 2, vv, mv,
+                           _words(seed, layer, seq, t + 3, elem, SR, CK), SV, K, BV, CK, SR)
     tl.store(sf_ptr + sb + elem, S, mask=mv[:, None])
 
 
@@ -340,13 +344,18 @@ def _gdn_scan_inputs(qb, kb, vb, bb, rec, t0, cnt, vv, mv, SK: tl.constexpr, SV:
 @triton.jit
 def _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, etot, wf, ob, t0, cnt, nout, vv, mv,
                 SV: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr, LB: tl.constexpr,
-                FLUSH: tl.constexpr, RD: tl.constexpr):
+                FLUSH: tl.constexpr, RD: tl.constexpr, MERGE: tl.constexpr):
     """Outputs of the window's first ``nout`` tokens from the read source ``R``, and the fp32
     state folded over its ``cnt`` records (the flush output from it when FLUSH). States are
     ``(KC, BV, 16)`` chunks; products over d_k are batched over the chunks, then summed."""
     j = tl.arange(0, LB)
-    RK = tl.sum(tl.dot(R, kB, input_precision="ieee"), axis=0)  # (BV, LB): R k_j
-    RQ = tl.sum(tl.dot(R, qB, input_precision="ieee"), axis=0)
+    if MERGE:  # R k_j and R q_j in one product: keys and queries interleaved, (KC, 16, 2 LB)
+        kqB = tl.reshape(tl.join(kB, qB), (KC, 16, 2 * LB))
+        RKQ = tl.sum(tl.dot(R, kqB, input_precision="ieee"), axis=0)
+        RK, RQ = tl.split(tl.reshape(RKQ, (BV, LB, 2)))
+    else:
+        RK = tl.sum(tl.dot(R, kB, input_precision="ieee"), axis=0)  # (BV, LB): R k_j
+        RQ = tl.sum(tl.dot(R, qB, input_precision="ieee"), axis=0)
     X = bw[None, :] * (vw - etot[None, :] * RK)
     O = etot[None, :] * RQ + tl.dot(X, P, input_precision="ieee")
     tok = t0.to(tl.int64) + j
@@ -369,7 +378,7 @@ def _gdn_window_kernel(
     w0, nfull,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
     LB: tl.constexpr, BV: tl.constexpr, CK: tl.constexpr, RD: tl.constexpr, SR: tl.constexpr,
-    FIRST: tl.constexpr, TAIL: tl.constexpr, PREFETCH: tl.constexpr,
+    FIRST: tl.constexpr, TAIL: tl.constexpr, PREFETCH: tl.constexpr, MERGE: tl.constexpr,
 ):
     """The state-dependent scan over windows ``w0 .. w0 + nfull - 1`` (and the trailing
     partial window when TAIL) of one (row, head, tile of value rows). ``pre`` holds this
@@ -420,9 +429,9 @@ def _gdn_window_kernel(
         else:
             kA, kB, qB, vw, bw, qf, TI, P, et, wf = _gdn_scan_inputs(
                 qb, kb, vb, bb, pb + i * REC, t0, z + L, vv, mv, SK, SV, HV, K, L, LB)
+        r = _words(seed, layer, seq, z + w + 1, elem, SR, CK)  # independent of the state
         S = _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, et, wf, ob, t0, L, L - 1, vv, mv,
-                        SV, BV, KC, LB, True, RD)
-        r = _words(seed, layer, seq, z + w + 1, elem, SR, CK)
+                        SV, BV, KC, LB, True, RD, MERGE)
         S = _fake_quant3(S, r, CK, SR)
         R = S
         if RD >= 0:
@@ -436,7 +445,7 @@ def _gdn_window_kernel(
             kA, kB, qB, vw, bw, qf, TI, P, et, wf = _gdn_scan_inputs(
                 qb, kb, vb, bb, pb + nfull * REC, t0, rem, vv, mv, SK, SV, HV, K, L, LB)
         S = _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, et, wf, ob, t0, rem, rem, vv, mv,
-                        SV, BV, KC, LB, False, RD)
+                        SV, BV, KC, LB, False, RD, MERGE)
     tl.store(sf_ptr + sb + elem, S, mask=mrow)
 
 
@@ -778,7 +787,8 @@ def _gdn_windows(cfg: PrecisionConfig, args: tuple, n: int, HV: int, HK: int, V:
         _gdn_window_kernel[(n, HV, triton.cdiv(V, BV))](
             q, k, v, beta, pre, S0 if w0 == 0 else sf, seq, o, sf, T, seed, layer, w0, nfull,
             HV=HV, HK=HK, V=V, K=K, L=L, LB=LB, BV=BV, CK=ck, RD=_fmt(cfg.read), SR=sr,
-            FIRST=w0 == 0, TAIL=nfull < nw, PREFETCH=prefetch, num_warps=num_warps)
+            FIRST=w0 == 0, TAIL=nfull < nw, PREFETCH=prefetch, MERGE=_MERGE_RQ,
+            num_warps=num_warps)
 
 
 def mamba2_emulate(
