@@ -271,13 +271,15 @@ def configs_for(Ls: list[int]) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    ap.add_argument("--batch", type=int, nargs="*", default=[1, 64, 256, 512])
+    ap.add_argument("--batch", type=int, nargs="*", default=[256, 1, 64, 512])
     ap.add_argument("--L", type=int, nargs="*", default=[8, 16])
     ap.add_argument("--configs", nargs="*", default=None, help="preset names (default: all)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--verify-T", type=int, default=8,
                     help="drafts per speculative verify (0: skip the verify rows)")
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds after which no new (batch, shape) block starts (0: none)")
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/kernels"))
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -292,63 +294,93 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
-    rows = []
-    for sname in args.shapes:
-        shape = SHAPES[sname]
-        for batch in args.batch:
-            base = None
-            for cfg in cfgs:
-                t0 = time.time()
-                m = measure(shape, batch, cfg, args.reps)
-                sb = step_bytes(cfg, shape)
-                row = dict(shape=sname, kind=shape.kind, batch=batch, config=cfg.label,
-                           config_string=str(cfg), L=cfg.L, **m,
-                           bytes_per_step=sb.window_average * batch,
-                           nonflush_bytes=sb.nonflush * batch, flush_bytes=sb.flush * batch)
-                row["bw_frac_window"] = row["bytes_per_step"] / (m["window_us"] * 1e-6) / bw
-                row["bw_frac_nonflush"] = row["nonflush_bytes"] / (m["nonflush_us"] * 1e-6) / bw
-                row["bw_frac_flush"] = row["flush_bytes"] / (m["flush_us"] * 1e-6) / bw
-                if cfg.label == "fp32":
-                    base = m["window_us"]
-                row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
-                rows.append(row)
-                print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
-                      f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "
-                      f"bw {row['bw_frac_window']:.2f} x{row['speedup_vs_conv_fp32']:.2f} "
-                      f"({time.time() - t0:.1f}s)", flush=True)
-            for cfg in vcfgs:
-                t = measure_verify(shape, batch, cfg, args.verify_T, args.reps)
-                rows.append(dict(shape=sname, kind=shape.kind, batch=batch,
-                                 config=f"verify T={args.verify_T} {cfg.label}",
-                                 config_string=str(cfg), L=cfg.L, window_us=t, nonflush_us=t,
-                                 flush_us=t, verify_vs_conv_step=t / base if base else float("nan"),
-                                 speedup_vs_conv_fp32=base / t if base else float("nan")))
-                print(f"{sname:22s} B={batch:4d} verify T={args.verify_T} {cfg.label:18s} {t:9.1f}us "
-                      f"= {t / base:.2f} conventional FP32 steps", flush=True)
-            if shape.kind == "gdn":
-                t = measure_fla(shape, batch, args.reps)
-                if t is not None:
-                    sb = step_bytes(PRESETS["fp32"], shape)
-                    rows.append(dict(shape=sname, kind="gdn", batch=batch, config="fla-fused-recurrent",
-                                     config_string="FLA fused_recurrent_gated_delta_rule fp32 state",
-                                     L=1, window_us=t, nonflush_us=t, flush_us=t,
-                                     bytes_per_step=sb.window_average * batch,
-                                     bw_frac_window=sb.window_average * batch / (t * 1e-6) / bw,
-                                     speedup_vs_conv_fp32=base / t if base else float("nan")))
-                    print(f"{sname:22s} B={batch:4d} FLA fused recurrent     {t:9.1f}us", flush=True)
     meta = dict(device=dev, copy_bandwidth=bw, torch=torch.__version__,
-                triton=__import__("triton").__version__, argv=sys.argv)
-    (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+                triton=__import__("triton").__version__, argv=sys.argv, complete=False)
+    rows: list[dict] = []
+    t_start = time.time()
+    # batch-major: every shape's batch-256 numbers (the acceptance point) come first when the
+    # batch list starts with 256; files are rewritten after every (batch, shape) block
+    for batch in args.batch:
+        for sname in args.shapes:
+            if args.deadline and time.time() - t_start > args.deadline:
+                print(f"deadline of {args.deadline:.0f} s reached: stopping before "
+                      f"{sname} B={batch}", flush=True)
+                write_outputs(out, rows, meta)
+                return 0
+            rows += measure_block(SHAPES[sname], sname, batch, cfgs, vcfgs, args, bw)
+            write_outputs(out, rows, meta)
+    meta["complete"] = True
+    write_outputs(out, rows, meta)
+    print(f"wrote {out / 'decode.csv'}, {out / 'decode.json'} and {out / 'decode.md'}")
+    return 0
+
+
+def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: list, args,
+                  bw: float) -> list[dict]:
+    """Every config of one (shape, batch), then the verify rows and FLA's peer kernel."""
+    rows = []
+    base = None
+    for cfg in cfgs:
+        t0 = time.time()
+        m = measure(shape, batch, cfg, args.reps)
+        sb = step_bytes(cfg, shape)
+        row = dict(shape=sname, kind=shape.kind, batch=batch, config=cfg.label,
+                   config_string=str(cfg), L=cfg.L, **m,
+                   bytes_per_step=sb.window_average * batch,
+                   nonflush_bytes=sb.nonflush * batch, flush_bytes=sb.flush * batch)
+        row["bw_frac_window"] = row["bytes_per_step"] / (m["window_us"] * 1e-6) / bw
+        row["bw_frac_nonflush"] = row["nonflush_bytes"] / (m["nonflush_us"] * 1e-6) / bw
+        row["bw_frac_flush"] = row["flush_bytes"] / (m["flush_us"] * 1e-6) / bw
+        if cfg.label == "fp32":
+            base = m["window_us"]
+        row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
+        rows.append(row)
+        print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
+              f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "
+              f"bw {row['bw_frac_window']:.2f} x{row['speedup_vs_conv_fp32']:.2f} "
+              f"({time.time() - t0:.1f}s)", flush=True)
+    for cfg in vcfgs:
+        try:
+            t = measure_verify(shape, batch, cfg, args.verify_T, args.reps)
+        except Exception as e:  # noqa: BLE001 - reported in the log, the sweep goes on
+            print(f"{sname:22s} B={batch:4d} verify {cfg.label}: {type(e).__name__}: {e}", flush=True)
+            continue
+        rows.append(dict(shape=sname, kind=shape.kind, batch=batch,
+                         config=f"verify T={args.verify_T} {cfg.label}",
+                         config_string=str(cfg), L=cfg.L, window_us=t, nonflush_us=t,
+                         flush_us=t, verify_vs_conv_step=t / base if base else float("nan"),
+                         speedup_vs_conv_fp32=base / t if base else float("nan")))
+        print(f"{sname:22s} B={batch:4d} verify T={args.verify_T} {cfg.label:18s} {t:9.1f}us "
+              f"= {t / base:.2f} conventional FP32 steps", flush=True)
+    if shape.kind == "gdn":
+        try:
+            t = measure_fla(shape, batch, args.reps)
+        except Exception as e:  # noqa: BLE001
+            print(f"{sname:22s} B={batch:4d} FLA: {type(e).__name__}: {e}", flush=True)
+            t = None
+        if t is not None:
+            sb = step_bytes(PRESETS["fp32"], shape)
+            rows.append(dict(shape=sname, kind="gdn", batch=batch, config="fla-fused-recurrent",
+                             config_string="FLA fused_recurrent_gated_delta_rule fp32 state",
+                             L=1, window_us=t, nonflush_us=t, flush_us=t,
+                             bytes_per_step=sb.window_average * batch,
+                             bw_frac_window=sb.window_average * batch / (t * 1e-6) / bw,
+                             speedup_vs_conv_fp32=base / t if base else float("nan")))
+            print(f"{sname:22s} B={batch:4d} FLA fused recurrent     {t:9.1f}us", flush=True)
+    return rows
+
+
+def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
+    """decode.json, decode.csv and decode.md (rewritten whole: a cut-off run keeps its rows)."""
     import csv
 
+    (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     keys = sorted({k for r in rows for k in r})
     with open(out / "decode.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys)
         wr.writeheader()
         wr.writerows(rows)
     (out / "decode.md").write_text(markdown_table(rows, meta))
-    print(f"wrote {out / 'decode.csv'}, {out / 'decode.json'} and {out / 'decode.md'}")
-    return 0
 
 
 def markdown_table(rows: list[dict], meta: dict) -> str:

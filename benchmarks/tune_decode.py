@@ -178,6 +178,7 @@ def main() -> int:
     ap.add_argument("--fwarps", type=int, nargs="*", default=[4])
     ap.add_argument("--per-sm", type=int, nargs="*", default=[2, 4, 8])
     ap.add_argument("--check", action="store_true", help="correctness checks first")
+    ap.add_argument("--check-only", action="store_true", help="correctness checks, no sweep")
     ap.add_argument("--check-shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--reps", type=int, default=10)
@@ -192,6 +193,8 @@ def main() -> int:
         args.shapes = args.check_shapes = list(SHAPES)
         args.configs, args.batch, args.workers, args.reps = ["replay-fp32"], 2, 1, 1
         args.blocks, args.warps, args.fblocks, args.per_sm = [32], [4], [16], [1]
+    if args.check_only:
+        args.check, args.shapes = True, []
     jobs = []
     for sname in args.shapes:
         for cname in args.configs:

@@ -24,7 +24,7 @@ from .common import (
     unit_lower_inverse,
     write_state,
 )
-from .mamba2 import _fmt, _state_args, advance_cursor, flush_list, flush_programs
+from .mamba2 import _flush_warps, _fmt, _state_args, advance_cursor, flush_list, flush_programs
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -296,7 +296,7 @@ def _check(cache: ReplayCache, q, k, v, g, beta, slots):
 def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int | None = None,
                     advance: bool = True, num_warps: int | None = None,
                     flush_block_v: int | None = None,
-                    flush_warps: int = 4, flush_per_sm: int | None = None, lut: bool = False,
+                    flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
@@ -343,7 +343,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            num_warps=flush_warps)
+            num_warps=flush_warps or _flush_warps(cfg))
     if advance:
         advance_cursor(cache, slots)
     return o

@@ -292,7 +292,7 @@ def _block_p(P: int, N: int) -> int:
 
 def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                        advance: bool = True, num_warps: int = 4, flush_block_p: int | None = None,
-                       flush_warps: int = 4, flush_per_sm: int | None = None, lut: bool = False,
+                       flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -340,13 +340,20 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         work, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-        HAS_D=D is not None, BPF=BPF, num_warps=flush_warps)
+        HAS_D=D is not None, BPF=BPF, num_warps=flush_warps or _flush_warps(cfg))
     if advance:
         advance_cursor(cache, slots)
     return y
 
 
 FLUSH_PROGRAMS_PER_SM = 4
+
+
+def _flush_warps(cfg) -> int:
+    """Warps per flush program (tuned on the H200 at batch 256, reports/kernels): 4 for a
+    plain fp32 fold; 8 when the fold also rounds (SR words, a read-copy encode), whose
+    temporaries would spill at 4."""
+    return 8 if (cfg.uses_sr or cfg.read is not None) else 4
 
 
 def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None) -> int:
