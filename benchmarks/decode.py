@@ -174,7 +174,7 @@ def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "
 
 
 def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
-                   device: str = "cuda") -> float:
+                   device: str = "cuda", **kw) -> float:
     """Microseconds of one speculative verify of T drafts (cursor at 0; the drafts are
     appended to the ring, the cursor does not move, so every replay does the same work)."""
     from replayssm_quant.kernels.gdn import gdn_verify
@@ -185,10 +185,10 @@ def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
     st = lambda key: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
     if shape.kind == "mamba2":
         x, dt, Bm, C = st("x"), st("dt"), st("Bm"), st("C")
-        fn = lambda: mamba2_verify(w.cache, x, dt, w.A, Bm, C, w.D, w.slots)  # noqa: E731
+        fn = lambda: mamba2_verify(w.cache, x, dt, w.A, Bm, C, w.D, w.slots, **kw)  # noqa: E731
     else:
         q, k, v, g, beta = st("q"), st("k"), st("v"), st("g"), st("beta")
-        fn = lambda: gdn_verify(w.cache, q, k, v, g, beta, w.slots)  # noqa: E731
+        fn = lambda: gdn_verify(w.cache, q, k, v, g, beta, w.slots, **kw)  # noqa: E731
     return time_graph(fn, reps) * 1e6
 
 

@@ -350,10 +350,9 @@ FLUSH_PROGRAMS_PER_SM = 4
 
 
 def _flush_warps(cfg) -> int:
-    """Warps per flush program (tuned on the H200 at batch 256, reports/kernels): 4 for a
-    plain fp32 fold; 8 when the fold also rounds (SR words, a read-copy encode), whose
-    temporaries would spill at 4."""
-    return 8 if (cfg.uses_sr or cfg.read is not None) else 4
+    """Warps per flush program (tuned on the H200 at batch 256, reports/kernels): 8 when the
+    checkpoint takes SR (the Philox words and the rounding spill at 4 warps), else 4."""
+    return 8 if cfg.uses_sr else 4
 
 
 def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None) -> int:
@@ -542,7 +541,7 @@ def shift_and_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Te
                                                   cache.flush_index, L=L, BLOCK=256, nrows=n)
 
 
-def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int = 32,
+def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int = 64,
                   num_warps: int = 4) -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
