@@ -58,10 +58,10 @@ GDN_BUDGET_MS = 100.0  # acceptance: a GDN layer over 131,072 tokens per config
 # Launch variants (rows per program, warps, prefetch); the first of each list is the default.
 VARIANTS = {
     ("gdn", "conv"): [(4, 1, None), (2, 1, None), (8, 1, None), (8, 2, None)],
-    ("gdn", "window"): [(16, 4, False), (16, 2, False), (16, 1, False), (32, 4, False),
+    ("gdn", "window"): [(32, 4, False), (16, 4, False), (16, 2, False), (16, 1, False),
                         (16, 4, True)],
     ("mamba2", "conv"): [(4, 1, None), (2, 1, None), (8, 1, None), (8, 2, None)],
-    ("mamba2", "window"): [(32, 8, False), (16, 8, True), (16, 4, False), (64, 8, True)],
+    ("mamba2", "window"): [(64, 8, True), (32, 8, False), (16, 8, True), (16, 4, False)],
 }
 SWEEP_PRESETS = {"conv": ("fp32", "fp16-sr"), "window": ("nvfp4-read/fp16-sr",)}
 

@@ -722,10 +722,11 @@ def gdn_emulate(
     ``g, beta (B, T, Hv)`` fp32 -> ``(o (B, T, Hv, V), S_final (B, Hv, V, K))`` fp32.
 
     ``k`` and ``v`` are rounded through ``act_dtype`` (what the ring stores) before the launch,
-    like the reference. Launch knobs (results do not depend on them): ``block_v`` value rows
-    per program (default 4 conventional, 16 windowed: the chunk products need >= 16),
-    ``num_warps`` (default 1 / 4), ``prefetch`` (windowed: hold the next window's inputs in
-    registers while computing this one; default off, it costs registers)."""
+    like the reference. Launch knobs (results do not depend on them; defaults are the fastest
+    measured on the H200, ``reports/emulate``): ``block_v`` value rows per program (default
+    4 conventional, 32 windowed: the chunk products need >= 16), ``num_warps`` (default 1 /
+    4), ``prefetch`` (windowed: hold the next window's inputs in registers while computing
+    this one; default off, it costs registers)."""
     from ..ssm.replay import check_row_length, check_tensor
 
     floats = (torch.float32, torch.float16, torch.bfloat16)
@@ -757,7 +758,7 @@ def gdn_emulate(
         _gdn_conv_kernel[(n, HV, triton.cdiv(V, BV))](
             *args, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, SR=sr, num_warps=num_warps or 1)
     else:
-        BV = max(16, min(block_v or 16, triton.next_power_of_2(V)))
+        BV = max(16, min(block_v or 32, triton.next_power_of_2(V)))
         _gdn_windows(cfg, args, n, HV, HK, V, K, BV, ck, sr, bool(prefetch), num_warps or 4)
     return o, sf
 
@@ -803,11 +804,11 @@ def mamba2_emulate(
     S_final (B, H, P, N))`` fp32.
 
     ``x`` and ``Bm`` are rounded through ``act_dtype`` before the launch, like the reference.
-    Launch knobs (results do not depend on them): ``block_p`` head-dim rows per program
-    (default 4 conventional, 32 windowed: the chunk products need >= 16, and a windowed
-    program of 8 warps fills an SM's registers, so fewer, larger tiles mean fewer waves),
-    ``num_warps`` (default 1 / 8), ``prefetch`` (windowed: hold the next window's inputs in
-    registers; default off, it costs registers)."""
+    Launch knobs (results do not depend on them; defaults are the fastest measured on the
+    H200, ``reports/emulate``): ``block_p`` head-dim rows per program (default 4
+    conventional, 64 windowed: the chunk products need >= 16, and fewer, larger tiles mean
+    fewer waves), ``num_warps`` (default 1 / 8), ``prefetch`` (windowed: hold the next
+    window's inputs in registers while computing this window; default on)."""
     from ..ssm.replay import check_row_length, check_tensor
 
     floats = (torch.float32, torch.float16, torch.bfloat16)
@@ -842,9 +843,10 @@ def mamba2_emulate(
             *args, H=H, P=P, N=N, G=G, BP=BP, CK=ck, SR=sr, HAS_D=D is not None,
             num_warps=num_warps or 1)
     else:
-        BP = max(16, min(block_p or 32, triton.next_power_of_2(P)))
+        BP = max(16, min(block_p or 64, triton.next_power_of_2(P)))
         LB, _ = _window(cfg.L)
         _m2_window_kernel[(n, H, triton.cdiv(P, BP))](
             *args, H=H, P=P, N=N, G=G, L=cfg.L, LB=LB, BP=BP, CK=ck, RD=_fmt(cfg.read), SR=sr,
-            HAS_D=D is not None, PREFETCH=bool(prefetch), num_warps=num_warps or 8)
+            HAS_D=D is not None, PREFETCH=True if prefetch is None else bool(prefetch),
+            num_warps=num_warps or 8)
     return y, sf
