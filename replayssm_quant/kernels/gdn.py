@@ -1,11 +1,13 @@
 """Triton decode kernels for Gated DeltaNet layers: conventional step and ReplaySSM step
 (non-flush or flush per row, decided on the device from the cursor).
 
-One program handles one (batch row, value head, tile of BV value rows) and holds those state
-rows (BV x d_k) in registers: u's value rows are independent, so no cross-program reduction is
-needed. With a read copy, the flush recomputes every u of the window from the high-precision
-checkpoint (sequentially, in registers) before folding, so the read copy's error never enters
-the recurrence.
+One program handles one (batch row, value head, tile of value rows) and holds those state
+rows (rows x d_k) in registers: u's value rows are independent, so no cross-program reduction is
+needed. A ReplaySSM step is three launches as for Mamba-2 (``mamba2.py``): ring products per
+key head (``k_j . k``, ``k_j . q``) and the flush list, the lean non-flush kernel, the
+persistent flush. With a read copy, the flush recomputes every u of the window from the
+high-precision checkpoint before folding (``U = X (I + M)^-T``, the transform from the
+ring-products launch), so the read copy's error never enters the recurrence.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """Triton decode kernels for Mamba-2 layers: conventional step, ReplaySSM step (non-flush or
 flush per row, decided on the device from the cursor), speculative verify and commit.
 
-One program handles one (batch row, head, tile of BP head-dim rows) and holds those state rows
-(BP x d_state) in registers, so no kernel needs a reduction across programs and nothing depends
-on the launch configuration. Launch shapes depend only on tensor shapes: CUDA-graph safe.
+A program handles one (batch row, head, tile of head-dim rows) and holds those state rows
+(rows x d_state) in registers, so no kernel needs a reduction across programs and nothing
+depends on the launch configuration. A ReplaySSM step is three launches: per (row, group) the
+ring products ``B_j . C`` every head of the group reads, plus the list of rows that flush this
+step (built on the device); the non-flush kernel, which flushing rows leave at once, so it stays
+lean; and a persistent flush grid that walks the flushing rows' tiles. Launch shapes depend
+only on tensor shapes: CUDA-graph safe.
 """
 
 from __future__ import annotations
