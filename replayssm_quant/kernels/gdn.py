@@ -353,17 +353,52 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
 
 # ------------------------------------------------------------------------------ speculative
 @triton.jit
+def _gdn_verify_prep_kernel(
+    q_ptr, k_ptr, slots_ptr, kr_ptr, s_kr, cur_ptr, kd_ptr,
+    T: tl.constexpr, TB: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr,
+    LB: tl.constexpr,
+):
+    """Per (row, key head): the drafts' key and query products with the committed keys
+    (TB x LB each) and with the drafts' keys (TB x TB each). Both value heads of the key head
+    read them, so the verify programs keep only the state products."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        kk = tl.arange(0, K)
+        j = tl.arange(0, LB)
+        i = tl.arange(0, TB)
+        mi = i < T
+        c = tl.load(cur_ptr + slot)
+        Qd = tl.load(q_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Kd = tl.load(k_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
+        out = kd_ptr + (b * HK + hk) * (2 * TB * LB + 2 * TB * TB)
+        r_off = i[:, None] * LB + j[None, :]
+        d_off = i[:, None] * TB + i[None, :]
+        tl.store(out + r_off, tl.dot(Kd, tl.trans(Kr), input_precision="ieee"))
+        tl.store(out + TB * LB + r_off, tl.dot(Qd, tl.trans(Kr), input_precision="ieee"))
+        tl.store(out + 2 * TB * LB + d_off, tl.dot(Kd, tl.trans(Kd), input_precision="ieee"))
+        tl.store(out + 2 * TB * LB + TB * TB + d_off,
+                 tl.dot(Qd, tl.trans(Kd), input_precision="ieee"))
+
+
+@triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
-    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br, cur_ptr,
+    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br, cur_ptr, kd_ptr,
     T: tl.constexpr, TB: tl.constexpr,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr,
 ):
-    """All T draft outputs in chunk form from the read source + committed records: the draft
-    u's by forward substitution, then the outputs; append the drafts (cursor unchanged)."""
+    """All T draft outputs in chunk form from the read source + committed records (the key
+    head's key / query products from ``_gdn_verify_prep_kernel``): the draft u's by forward
+    substitution, then the outputs; append the drafts (cursor unchanged)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     vt = tl.program_id(2)
@@ -388,10 +423,11 @@ def _gdn_verify_kernel(
         gd = tl.load(g_ptr + (b * T + i) * HV + h, mask=mi, other=0.0).to(tl.float32)
         bd = tl.load(beta_ptr + (b * T + i) * HV + h, mask=mi, other=0.0).to(tl.float32)
         gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                     mask=mj[:, None], other=0.0).to(tl.float32)
         U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                     mask=mj[None, :] & mv[:, None], other=0.0)
+        kd = kd_ptr + (b * HK + hk) * (2 * TB * LB + 2 * TB * TB)
+        r_off = i[:, None] * LB + j[None, :]
+        d_off = i[:, None] * TB + i[None, :]
         cr = tl.cumsum(gr, 0)
         cd = tl.cumsum(gd, 0)
         total = tl.sum(gr, 0) + cd
@@ -402,9 +438,9 @@ def _gdn_verify_kernel(
                       src_bs_ptr + slot * s_srcbs, h * V + vv, kk, mv, SRC_FMT, BV, K)
         SK = tl.dot(S, tl.trans(Kd), input_precision="ieee")  # (BV, TB)
         SQ = tl.dot(S, tl.trans(Qd), input_precision="ieee")
-        Mr = Er * tl.dot(Kd, tl.trans(Kr), input_precision="ieee")
+        Mr = Er * tl.load(kd + r_off)  # [i, j] e^. (k_j . k_i)
         Wk = tl.exp(total)[None, :] * SK + tl.dot(U, tl.trans(Mr), input_precision="ieee")
-        Md = Ed * tl.dot(Kd, tl.trans(Kd), input_precision="ieee")  # [i, i'] e^. (k_i'.k_i)
+        Md = Ed * tl.load(kd + 2 * TB * LB + d_off)  # [i, i'] e^. (k_i'.k_i)
         Ud = tl.zeros((BV, TB), dtype=tl.float32)
         for ii in tl.static_range(T):
             sel = (i == ii).to(tl.float32)
@@ -413,8 +449,8 @@ def _gdn_verify_kernel(
             wi = tl.sum(Wk * sel[None, :], axis=1) + tl.sum(Ud * coef[None, :], axis=1)
             ui = tl.sum(bd * sel, 0) * (tl.sum(Vd * sel[None, :], axis=1) - wi)
             Ud += ui[:, None] * sel[None, :]
-        Nr = Er * tl.dot(Qd, tl.trans(Kr), input_precision="ieee")
-        Nd = Ed * tl.dot(Qd, tl.trans(Kd), input_precision="ieee")
+        Nr = Er * tl.load(kd + TB * LB + r_off)
+        Nd = Ed * tl.load(kd + 2 * TB * LB + TB * TB + d_off)
         O = tl.exp(total)[None, :] * SQ + tl.dot(U, tl.trans(Nr), input_precision="ieee")
         O += tl.dot(Ud, tl.trans(Nd), input_precision="ieee")
         mo = mi[None, :] & mv[:, None]
@@ -516,10 +552,14 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 64
     o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     src = cache.read if cache.read is not None else cache.ckpt
     BV = min(block_v, triton.next_power_of_2(V))
+    TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
+    kd = torch.empty(Bsz, HK, 2 * TB * LB + 2 * TB * TB, device=q.device, dtype=torch.float32)
+    kr = cache.ring["k"]
+    _gdn_verify_prep_kernel[(Bsz, HK)](q, k, slots, kr, slot_stride(kr), cache.cursor, kd,
+                                       T=T, TB=TB, HK=HK, K=K, CAP=cache.capacity, LB=LB)
     _gdn_verify_kernel[(Bsz, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
-        T=T, TB=max(16, triton.next_power_of_2(T)), HV=HV, HK=HK, V=V, K=K,
-        CAP=cache.capacity, LB=max(16, triton.next_power_of_2(cache.capacity)),
+        kd, T=T, TB=TB, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, num_warps=num_warps)
     return o
 

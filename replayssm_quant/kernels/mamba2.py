@@ -377,17 +377,49 @@ def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------ speculative
 @triton.jit
+def _mamba2_verify_prep_kernel(
+    B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, cb_ptr,
+    T: tl.constexpr, TB: tl.constexpr, G: tl.constexpr, N: tl.constexpr, CAP: tl.constexpr,
+    LB: tl.constexpr,
+):
+    """Per (row, group): the drafts' ``C_i . B_j`` against the committed records (TB x LB)
+    and against the drafts (TB x TB). Every head of the group reads them, so the verify
+    programs keep only the state product."""
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    slot = tl.load(slots_ptr + b)
+    if slot >= 0:
+        n = tl.arange(0, N)
+        j = tl.arange(0, LB)
+        i = tl.arange(0, TB)
+        mi = i < T
+        c = tl.load(cur_ptr + slot)
+        Cd = tl.load(C_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Bd = tl.load(B_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
+                     mask=mi[:, None], other=0.0).to(tl.float32)
+        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
+        out = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
+        tl.store(out + i[:, None] * LB + j[None, :],
+                 tl.dot(Cd, tl.trans(Br), input_precision="ieee"))
+        tl.store(out + TB * LB + i[:, None] * TB + i[None, :],
+                 tl.dot(Cd, tl.trans(Bd), input_precision="ieee"))
+
+
+@triton.jit
 def _mamba2_verify_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
-    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr,
+    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr, cb_ptr,
     T: tl.constexpr, TB: tl.constexpr,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr,
 ):
-    """All T draft outputs at once in chunk form from the read source + committed records,
-    then append the drafts after the committed records (the cursor does not move)."""
+    """All T draft outputs at once in chunk form from the read source + committed records
+    (the group's ``C . B`` products from ``_mamba2_verify_prep_kernel``), then append the
+    drafts after the committed records (the cursor does not move)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     pt = tl.program_id(2)
@@ -404,20 +436,19 @@ def _mamba2_verify_kernel(
         c = tl.load(cur_ptr + slot)
         mj = j < c
         A = tl.load(A_ptr + h).to(tl.float32)
-        # drafts: x (TB, BP), dt (TB,), B and C (TB, N)
+        # drafts: x (TB, BP), dt (TB,), C (TB, N)
         xd = tl.load(x_ptr + ((b * T + i[:, None]) * H + h) * P + p[None, :],
                      mask=mi[:, None] & mp[None, :], other=0.0).to(tl.float32)
         dtd = tl.load(dt_ptr + (b * T + i) * H + h, mask=mi, other=0.0).to(tl.float32)
-        Bd = tl.load(B_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
         Cd = tl.load(C_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
                      mask=mi[:, None], other=0.0).to(tl.float32)
         # committed records
         dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
-        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                     mask=mj[:, None], other=0.0).to(tl.float32)
         xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                      mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+        cb = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
+        CBr = tl.load(cb + i[:, None] * LB + j[None, :])  # (TB, LB)
+        CBd = tl.load(cb + TB * LB + i[:, None] * TB + i[None, :])  # (TB, TB)
         cr = tl.cumsum(dtr, 0)
         cd = tl.cumsum(dtd, 0)
         total = tl.sum(dtr, 0) + cd  # (TB,) dt since the checkpoint up to draft i
@@ -428,8 +459,6 @@ def _mamba2_verify_kernel(
         S = load_rows(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                       src_bs_ptr + slot * s_srcbs, h * P + p, n, mp, SRC_FMT, BP, N)
         SC = tl.dot(Cd, tl.trans(S), input_precision="ieee")  # (TB, BP)
-        CBr = tl.dot(Cd, tl.trans(Br), input_precision="ieee")  # (TB, LB)
-        CBd = tl.dot(Cd, tl.trans(Bd), input_precision="ieee")  # (TB, TB)
         Y = tl.exp(A * total)[:, None] * SC
         Y += tl.dot(Wr * CBr, xr, input_precision="ieee")
         Y += tl.dot(Wd * CBd, xd, input_precision="ieee")
@@ -443,6 +472,8 @@ def _mamba2_verify_kernel(
         if pt == 0:
             tl.store(dtr_ptr + slot * s_dtr + h * CAP + pos, dtd, mask=mi)
             if h % HPG == 0:
+                Bd = tl.load(B_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
+                             mask=mi[:, None], other=0.0)
                 tl.store(Br_ptr + slot * s_Br + (g * CAP + pos[:, None]) * N + n[None, :],
                          Bd.to(Br_ptr.dtype.element_ty), mask=mi[:, None])
 
@@ -564,11 +595,14 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     src = cache.read if cache.read is not None else cache.ckpt
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     BP = min(block_p, triton.next_power_of_2(P))
+    TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
+    cb = torch.empty(Bsz, G, TB * LB + TB * TB, device=x.device, dtype=torch.float32)
+    _mamba2_verify_prep_kernel[(Bsz, G)](Bm, C, slots, Br, slot_stride(Br), cache.cursor, cb,
+                                         T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB)
     _mamba2_verify_kernel[(Bsz, H, triton.cdiv(P, BP))](
         x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
-        xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor,
-        T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G,
-        CAP=cache.capacity, LB=max(16, triton.next_power_of_2(cache.capacity)),
+        xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor, cb,
+        T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, num_warps=num_warps)
     return y
 
