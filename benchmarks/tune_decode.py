@@ -1,7 +1,8 @@
 """Launch-knob sweep for the decode kernels on one batch size (CUDA), with correctness checks
 at the paper shapes: FP32 configs against a float64 recurrence, every preset against the
-pure-torch reference step by step (both start each step from the same state), and the
-compiled kernels' register and spill counts.
+pure-torch reference step by step (both start each step from the same state), speculative
+verify of 8 drafts + commit against the reference, and the compiled kernels' register and
+spill counts.
 
     python benchmarks/tune_decode.py --batch 256 --check
     python benchmarks/tune_decode.py --smoke          # CPU dry run (interpreter, tiny shapes)
@@ -137,6 +138,49 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
     return worst
 
 
+def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: int = 0) -> dict:
+    """Speculative verify of T drafts + commit against the reference, round by round from the
+    same state (accepted counts vary per row, some rounds fold a window): worst output error
+    of the verify and worst fraction of checkpoint elements that differ after the commit."""
+    from dataclasses import replace
+
+    from replayssm_quant.kernels.gdn import gdn_commit, gdn_verify
+    from replayssm_quant.kernels.mamba2 import mamba2_commit, mamba2_verify
+
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    cfg = replace(cfg, L=max(cfg.L, T))
+    H, P, N, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
+    nslots = batch + 1
+    slots = torch.arange(1, batch + 1, dtype=torch.int32, device=DEV)
+    S0 = 0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV)
+    mod = mamba2 if shape.kind == "mamba2" else gdn
+    init = mamba2.init_mamba2_state if shape.kind == "mamba2" else gdn.init_gdn_state
+    ref = init(cfg, nslots, H, P, N, G, spec_tokens=T - 1, seed=3, layer=1, device=DEV)
+    mod.load_state(ref, torch.arange(nslots, device=DEV), S0)
+    worst = {"y_rel": 0.0, "ckpt_differ": 0.0}
+    for r in range(rounds):
+        ker = copy.deepcopy(ref)
+        cache = cache_from_reference(ker)
+        acc = torch.tensor([T - (r + i) % (T + 1) for i in range(batch)], dtype=torch.int32,
+                           device=DEV)  # mostly long acceptances: every row folds a window
+        if shape.kind == "mamba2":
+            a = mamba2_inputs(batch, T, H, P, N, G, generator=g, device=DEV)
+            y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots)
+            y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots)
+            mamba2.commit(ref, acc, slots, a["A"])
+            mamba2_commit(cache, acc, a["A"], slots)
+        else:
+            a = gdn_inputs(batch, T, H, P, N, G, generator=g, device=DEV)
+            y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], slots)
+            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots)
+            gdn.commit(ref, acc, slots)
+            gdn_commit(cache, acc, slots)
+        worst["y_rel"] = max(worst["y_rel"], ((y - y_ref).norm() / y_ref.norm()).item())
+        worst["ckpt_differ"] = max(worst["ckpt_differ"], _differ(ker.ckpt, ref.ckpt))
+        assert torch.equal(ker.cursor, ref.cursor)
+    return worst
+
+
 # ------------------------------------------------------------------------------ compilation
 def _variants(kind: str, cfg, args) -> list[dict]:
     """Launch knobs to try: non-flush tiles x warps (flush knobs at their defaults), then
@@ -214,6 +258,12 @@ def main() -> int:
                 print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
                       f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
                       f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)
+            for cname in ("replay-fp32", "nvfp4-read/fp16-sr"):
+                t0 = time.time()
+                r = check_spec(SHAPES[sname], PRESETS[cname], T=3 if SMOKE else 8)
+                print(f"checksp {sname:22s} {cname:20s} verify y_rel {r['y_rel']:.2e} ckpt "
+                      f"differ after commit {r['ckpt_differ']:.2e} ({time.time() - t0:.1f}s)",
+                      flush=True)
     if SMOKE:
         bw = 1.0
     else:
