@@ -326,6 +326,13 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, one), torch.zeros_like(num))
 
 
+def _div_const(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x / c correctly rounded on every device: torch's CUDA division by a Python scalar
+    multiplies by the reciprocal instead, which is one ulp off for about a fifth of the
+    values (and then decides E2M1 ties differently from the kernels' ``div_rn``)."""
+    return x / torch.full_like(x, c)
+
+
 def _safe_recip(den: torch.Tensor) -> torch.Tensor:
     """1 / den (IEEE RN), 0 where den == 0 (empty rows/blocks) or den is NaN. Elements are
     scaled by multiplying with this reciprocal: one division per row or block, not per
@@ -373,7 +380,7 @@ def nvfp4_scales(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     n = x.shape[-1]
     blocks = x.reshape(*x.shape[:-1], n // 16, 16)
     row_amax = _finite_amax(x)
-    row_scale = row_amax / NVFP4_ROW_DIVISOR
+    row_scale = _div_const(row_amax, NVFP4_ROW_DIVISOR)
     blk_amax = _finite_amax(blocks)
     den = (6.0 * row_scale).unsqueeze(-1)
     s = _safe_div(blk_amax, den)
@@ -406,7 +413,7 @@ def quantize(
         v = round_elements(x, fmt, rounding, r)
         return QTensor(fmt, v.to(fmt.dtype), nan_count=nans)
     if fmt.name.startswith("fp8"):
-        row_scale = _finite_amax(x) / fmt.max_finite
+        row_scale = _div_const(_finite_amax(x), fmt.max_finite)
         t = x * _safe_recip(row_scale).unsqueeze(-1)
         t = torch.where(torch.isnan(x), x, t)
         t = torch.where(torch.isinf(x), x, t)  # inf saturates

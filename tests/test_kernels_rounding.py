@@ -1,0 +1,104 @@
+"""Kernel rounding device functions against the reference rounding of ``formats`` (run under
+TRITON_INTERPRET=1 on the CPU): every element bit for bit, with exact ties, subnormals,
+saturation, infinities and NaN in the inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_quant import formats as F
+from replayssm_quant.kernels.common import round_grid_rn_value, round_to
+
+N = 4096
+
+
+@triton.jit
+def _round_kernel(x_ptr, r_ptr, out_ptr, FMT: tl.constexpr, SR: tl.constexpr,
+                  N: tl.constexpr, TILE: tl.constexpr):
+    for t in tl.static_range(N // TILE):
+        i = t * TILE + tl.arange(0, TILE)
+        tl.store(out_ptr + i, round_to(tl.load(x_ptr + i), tl.load(r_ptr + i), FMT, SR))
+
+
+@triton.jit
+def _rn_value_kernel(x_ptr, out_ptr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                     MAXF: tl.constexpr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, round_grid_rn_value(tl.load(x_ptr + i), MANT, EMIN, MAXF))
+
+
+def _inputs(seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(N, generator=g) * 2 - 1) * torch.exp2(
+        torch.randint(-30, 18, (N,), generator=g).float())
+    x[:512] = torch.randint(-64, 64, (512,), generator=g).float() * 0.25  # E2M1 ties
+    x[512:1024] = torch.randint(-2**14, 2**14, (512,), generator=g).float() * 2.0**-25
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0,
+                             65520.0, 65536.0, 1e30, 2.0**-130, 2.0**-149, 448.0, 464.0, 6.0,
+                             7.0, 5.0])
+    x[1024:1024 + len(specials)] = specials
+    x = x * scale
+    r = torch.randint(0, 2**32, (N,), generator=g, dtype=torch.int64).to(torch.uint32)
+    r[:64] = 0
+    r[64:128] = 2**32 - 1
+    return x, r
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("name,code", [("fp16", 1), ("bf16", 2), ("fp8e4m3", 3)])
+@pytest.mark.parametrize("rounding", ["rn", "sr"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_round_to_matches_reference_bits(name, code, rounding, seed):
+    x, r = _inputs(seed)
+    out = torch.full((N,), float("nan"))
+    _round_kernel[(1,)](x, r, out, FMT=code, SR=rounding == "sr", N=N, TILE=512)
+    ref = F.round_elements(x, F.FORMATS[name], rounding, r if rounding == "sr" else None)
+    assert _same(out, ref)
+    assert bool((torch.signbit(out) == torch.signbit(ref)).all())
+
+
+def test_fp16_sr_tiles_with_and_without_small_values():
+    """The fp16 SR rounding takes an integer path and runs the float recipe only in tiles that
+    hold a value below 2^-14: tiles of normal values only, and tiles with a few small ones."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(N, generator=g) * 0.1 + 0.5
+    x[2048 + 17] = 3e-6
+    x[2048 + 300] = -2.0**-20
+    r = torch.randint(0, 2**32, (N,), generator=g, dtype=torch.int64).to(torch.uint32)
+    out = torch.full((N,), float("nan"))
+    _round_kernel[(1,)](x, r, out, FMT=1, SR=True, N=N, TILE=512)
+    assert _same(out, F.round_elements(x, F.FORMATS["fp16"], "sr", r))
+
+
+@pytest.mark.parametrize("name,mant,emin,maxf", [("e2m1", 1, 0, 6.0), ("fp8e4m3", 3, -6, 448.0),
+                                                 ("fp16", 10, -14, 65504.0)])
+@pytest.mark.parametrize("scale", [1.0, 64.0, 2.0**-8])
+def test_rn_value_equals_reference_values(name, mant, emin, maxf, scale):
+    x, _ = _inputs(7, scale)
+    out = torch.full((N,), -1.0)
+    _rn_value_kernel[(1,)](x, out, MANT=mant, EMIN=emin, MAXF=maxf, N=N)
+    fmt = F.FORMATS["fp8e4m3"] if name == "fp8e4m3" else F.FORMATS["fp16"]
+    if name == "e2m1":
+        ref = F.round_elements(x, F.canonical_format("nvfp4"), "rn")
+    else:
+        ref = F.round_elements(x, fmt, "rn")
+    assert _same(out, ref)  # equal values (a zero's sign is not kept)
+
+
+def test_row_scales_are_correctly_rounded_divisions():
+    """Scale divisions are IEEE divisions on every device (torch's CUDA division by a Python
+    scalar multiplies by the reciprocal instead, one ulp off for about a fifth of values)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(64, 32, generator=g) * torch.exp2(torch.randint(-20, 10, (64, 1), generator=g))
+    amax = x.abs().amax(-1)
+    q = F.quantize(x, "nvfp4")
+    exact = (amax.double() / F.NVFP4_ROW_DIVISOR).float()
+    assert torch.equal(q.row_scale, exact)
+    q8 = F.quantize(x, "fp8e4m3")
+    assert torch.equal(q8.row_scale, (amax.double() / 448.0).float())
