@@ -117,6 +117,40 @@ def round_grid(x, r, MANT: tl.constexpr, EMIN: tl.constexpr, MAXF: tl.constexpr,
 
 
 @triton.jit
+def round_grid_rn_value(x, MANT: tl.constexpr, EMIN: tl.constexpr, MAXF: tl.constexpr):
+    """``round_grid(.., SR=False)`` as a value (the sign of a zero is not kept), in about a
+    third of the operations: clamp to +-MAXF (everything beyond saturates either way), then add
+    and subtract a constant whose ulp is the grid step of x's binade, so the fp32 adder's
+    round-to-nearest-even is the grid's. Readers that only use the value (the emulator's
+    fake quantization) take this; stored codes keep the exact recipe."""
+    t = tl.minimum(tl.maximum(x, -MAXF), MAXF)
+    eb = (t.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    c = (((tl.maximum(eb, 127 + EMIN) + (23 - MANT)) << 23) | 0x400000).to(tl.float32,
+                                                                          bitcast=True)
+    q = (t + c) - c
+    return tl.where(x != x, x, q)
+
+
+@triton.jit
+def round_fp16_sr(x, r):
+    """``round_grid(x, r, 10, -14, 65504, True)`` with integers where the fp16 grid keeps
+    fp32's exponent (|x| >= 2^-14): ``u < frac`` is ``(r >> 19) < low 13 bits``, so adding
+    ``8191 - (r >> 19)`` carries exactly when rounding up. Tiles holding a nonzero value below
+    2^-14 (fixed step 2^-24) also run the float recipe there; most tiles hold none."""
+    ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    qi = (ab + ((~r) >> 19).to(tl.int32)) & -8192
+    q = tl.minimum(qi, 0x477FE000).to(tl.float32, bitcast=True)
+    small = (ab < 0x38800000) & (ab != 0)
+    if tl.max(small.to(tl.int32), axis=None) > 0:
+        t = ab.to(tl.float32, bitcast=True) * 16777216.0
+        fl = tl.floor(t)
+        up = ((r >> 8).to(tl.float32) * 5.9604644775390625e-08) < (t - fl)
+        q = tl.where(small, (fl + up.to(tl.float32)) * 5.960464477539063e-08, q)
+    q = with_sign_of(q, x)
+    return tl.where(x != x, x, q)
+
+
+@triton.jit
 def round_bf16(x, r, SR: tl.constexpr):
     """Round fp32 x to bf16 values (returned as fp32) by the integer form of the reference."""
     ax = tl.abs(x)
@@ -135,7 +169,10 @@ def round_bf16(x, r, SR: tl.constexpr):
 def round_to(x, r, FMT: tl.constexpr, SR: tl.constexpr):
     """Element rounding for an unscaled storage format (fp32 passes through)."""
     if FMT == 1:
-        return round_grid(x, r, 10, -14, 65504.0, SR)
+        if SR:
+            return round_fp16_sr(x, r)
+        else:
+            return round_grid(x, r, 10, -14, 65504.0, False)
     elif FMT == 2:
         return round_bf16(x, r, SR)
     elif FMT == 3:

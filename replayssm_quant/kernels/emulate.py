@@ -54,6 +54,7 @@ from .common import (
     fp8_row_encode,
     nvfp4_row_encode,
     round_grid,
+    round_grid_rn_value,
     round_to,
     safe_div,
     sr_words_for,
@@ -65,7 +66,7 @@ __all__ = ["MAX_KERNEL_L", "gdn_emulate", "gdn_supported", "mamba2_emulate", "ma
 MAX_KERNEL_L = 32  # a window's records live in registers: L = 64 spills heavily when compiled
 _PREP_BYTES = 256 << 20  # GDN window records held at once (a segment of the sequence)
 _PREP_MAX_GRID = 32768  # windows per segment (the launch grid's third axis)
-_MERGE_RQ = True  # GDN windows: R k_j and R q_j as one product (bit-identical either way)
+_MERGE_RQ = True  # GDN windows: R [k_j | q_j] (and S k_j with a read copy) as one product
 
 
 # ----------------------------------------------------------------------------------------------
@@ -111,16 +112,28 @@ def _fake_quant3(S, r, FMT: tl.constexpr, SR: tl.constexpr):
         s = tl.where(blk_nan, float("nan"), s)
         eff = s * row_scale[None, :]
         t = S * safe_div(1.0, eff)[:, :, None]
-        t = tl.where(tl.abs(S) == float("inf"), S, t)
-        v = round_grid(t, r, 1, 0, 6.0, SR)
+        if SR:
+            t = tl.where(tl.abs(S) == float("inf"), S, t)
+            v = round_grid(t, r, 1, 0, 6.0, True)
+        else:  # an inf's t is inf (saturates) or, in an all-zero block, NaN (value 0 * 0)
+            v = round_grid_rn_value(t, 1, 0, 6.0)
         v = tl.where(v != v, 0.0, v)
         return v * eff[:, :, None]
     elif FMT == 3:
         scale = tl.math.div_rn(tl.max(tl.max(finite_abs(S), axis=2), axis=0), 448.0)
         t = S * safe_div(1.0, scale)[None, :, None]
-        t = tl.where(S != S, S, t)
         t = tl.where(tl.abs(S) == float("inf"), S, t)
-        return round_grid(t, r, 3, -6, 448.0, SR) * scale[None, :, None]
+        if SR:
+            t = tl.where(S != S, S, t)
+            v = round_grid(t, r, 3, -6, 448.0, True)
+        else:  # NaN * a finite reciprocal stays NaN
+            v = round_grid_rn_value(t, 3, -6, 448.0)
+        return v * scale[None, :, None]
+    elif FMT == 1:  # the float recipe: the integer one's tile-wide test costs barriers here
+        if SR:
+            return round_grid(S, r, 10, -14, 65504.0, True)
+        else:
+            return round_grid_rn_value(S, 10, -14, 65504.0)
     else:
         return round_to(S, r, FMT, SR)
 
@@ -349,7 +362,15 @@ def _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, etot, wf, ob, t0, cnt, nout
     state folded over its ``cnt`` records (the flush output from it when FLUSH). States are
     ``(KC, BV, 16)`` chunks; products over d_k are batched over the chunks, then summed."""
     j = tl.arange(0, LB)
-    if MERGE:  # R k_j and R q_j in one product: keys and queries interleaved, (KC, 16, 2 LB)
+    if MERGE and RD >= 0:  # [R; S] [k | q] in one product: rows and columns interleaved
+        kqB = tl.reshape(tl.join(kB, qB), (KC, 16, 2 * LB))
+        RS = tl.reshape(tl.permute(tl.join(R, S), (0, 1, 3, 2)), (KC, 2 * BV, 16))
+        P4 = tl.reshape(tl.sum(tl.dot(RS, kqB, input_precision="ieee"), axis=0),
+                        (BV, 2, LB, 2))
+        RKQ, SKQ = tl.split(tl.permute(P4, (0, 2, 3, 1)))
+        RK, RQ = tl.split(RKQ)
+        SKv, _ = tl.split(SKQ)
+    elif MERGE:  # R k_j and R q_j in one product: keys and queries interleaved, (KC, 16, 2 LB)
         kqB = tl.reshape(tl.join(kB, qB), (KC, 16, 2 * LB))
         RKQ = tl.sum(tl.dot(R, kqB, input_precision="ieee"), axis=0)
         RK, RQ = tl.split(tl.reshape(RKQ, (BV, LB, 2)))
@@ -361,7 +382,8 @@ def _gdn_window(S, R, kA, kB, qB, vw, bw, qf, TI, P, etot, wf, ob, t0, cnt, nout
     tok = t0.to(tl.int64) + j
     tl.store(ob + tok[None, :] * SV + vv[:, None], O, mask=(j < nout)[None, :] & mv[:, None])
     if RD >= 0:  # a read copy: the fold recomputes every u from the checkpoint
-        SKv = tl.sum(tl.dot(S, kB, input_precision="ieee"), axis=0)
+        if not MERGE:
+            SKv = tl.sum(tl.dot(S, kB, input_precision="ieee"), axis=0)
         X = bw[None, :] * (vw - etot[None, :] * SKv)
     U = tl.dot(X, TI, input_precision="ieee")
     Uw = tl.broadcast_to((U * wf[None, :])[None, :, :], (KC, BV, LB))
@@ -724,9 +746,12 @@ def gdn_emulate(
     ``k`` and ``v`` are rounded through ``act_dtype`` (what the ring stores) before the launch,
     like the reference. Launch knobs (results do not depend on them; defaults are the fastest
     measured on the H200, ``reports/emulate``): ``block_v`` value rows per program (default
-    4 conventional, 32 windowed: the chunk products need >= 16), ``num_warps`` (default 1 /
-    4), ``prefetch`` (windowed: hold the next window's inputs in registers while computing
-    this one; default off, it costs registers)."""
+    4 conventional, 2 for an fp16-SR state, 32 windowed: the chunk products need >= 16),
+    ``num_warps`` (default 1
+    conventional, 2 for a bf16-SR state, 4 windowed, 8 windowed with a read copy),
+    ``prefetch`` (windowed: hold the
+    next window's inputs in registers while computing this one; default off, it costs
+    registers)."""
     from ..ssm.replay import check_row_length, check_tensor
 
     floats = (torch.float32, torch.float16, torch.bfloat16)
@@ -754,12 +779,15 @@ def gdn_emulate(
     args = (q, k, v, g, beta, S0, seq, o, sf, T, int(seed), int(layer))
     ck, sr = _fmt(cfg.ckpt), cfg.uses_sr
     if cfg.L == 1:
-        BV = min(block_v or 4, triton.next_power_of_2(V))
+        fp16_sr = sr and ck == FMT_CODES["fp16"]
+        BV = min(block_v or (2 if fp16_sr else 4), triton.next_power_of_2(V))
+        warps = num_warps or (2 if sr and ck == FMT_CODES["bf16"] else 1)
         _gdn_conv_kernel[(n, HV, triton.cdiv(V, BV))](
-            *args, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, SR=sr, num_warps=num_warps or 1)
+            *args, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, SR=sr, num_warps=warps)
     else:
         BV = max(16, min(block_v or 32, triton.next_power_of_2(V)))
-        _gdn_windows(cfg, args, n, HV, HK, V, K, BV, ck, sr, bool(prefetch), num_warps or 4)
+        warps = num_warps or (8 if cfg.read is not None else 4)
+        _gdn_windows(cfg, args, n, HV, HK, V, K, BV, ck, sr, bool(prefetch), warps)
     return o, sf
 
 
@@ -806,9 +834,10 @@ def mamba2_emulate(
     ``x`` and ``Bm`` are rounded through ``act_dtype`` before the launch, like the reference.
     Launch knobs (results do not depend on them; defaults are the fastest measured on the
     H200, ``reports/emulate``): ``block_p`` head-dim rows per program (default 4
-    conventional, 64 windowed: the chunk products need >= 16, and fewer, larger tiles mean
-    fewer waves), ``num_warps`` (default 1 / 8), ``prefetch`` (windowed: hold the next
-    window's inputs in registers while computing this window; default on)."""
+    conventional, 2 for an fp16-SR state, 64 windowed: the chunk products need >= 16, and
+    fewer, larger tiles mean fewer waves), ``num_warps`` (default 1 / 8), ``prefetch``
+    (windowed: hold the next window's inputs in registers while computing this window;
+    default on)."""
     from ..ssm.replay import check_row_length, check_tensor
 
     floats = (torch.float32, torch.float16, torch.bfloat16)
@@ -838,7 +867,8 @@ def mamba2_emulate(
     args = (x, dt, A, Bm, C, Dt, S0, seq, y, sf, T, int(seed), int(layer))
     ck, sr = _fmt(cfg.ckpt), cfg.uses_sr
     if cfg.L == 1:
-        BP = min(block_p or 4, triton.next_power_of_2(P))
+        BP = min(block_p or (2 if sr and ck == FMT_CODES["fp16"] else 4),
+                 triton.next_power_of_2(P))
         _m2_conv_kernel[(n, H, triton.cdiv(P, BP))](
             *args, H=H, P=P, N=N, G=G, BP=BP, CK=ck, SR=sr, HAS_D=D is not None,
             num_warps=num_warps or 1)
