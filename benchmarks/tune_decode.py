@@ -30,7 +30,15 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import Workload, copy_bandwidth, measure, measure_flush, precompile  # noqa: E402
+from decode import (  # noqa: E402
+    VERIFY_CONFIGS,
+    Workload,
+    copy_bandwidth,
+    measure,
+    measure_flush,
+    measure_verify,
+    precompile,
+)
 
 from replayssm_quant import formats as F  # noqa: E402
 from replayssm_quant.kernels import gdn as kg  # noqa: E402
@@ -209,6 +217,62 @@ def register_report() -> None:
                 print(f"  regs {name:28s} warps {warps} regs {regs} spills {spills}", flush=True)
 
 
+def verify_sweep(args) -> int:
+    """Speculative verify of 8 drafts per launch-knob variant, as a multiple of the
+    conventional FP32 step of the same shape and batch (the acceptance bar is 1.0)."""
+    T = 3 if SMOKE else 8
+    variants = [{"verify": {("block_p" if SHAPES[s].kind == "mamba2" else "block_v"): b,
+                            "num_warps": w}}
+                for s in args.shapes for b, w in itertools.product(args.vblocks, args.vwarps)]
+    jobs = [(s, PRESETS[c], kw, T, DEV) for s in args.shapes for c in VERIFY_CONFIGS
+            for kw in variants if next(iter(kw["verify"])) == (
+                "block_p" if SHAPES[s].kind == "mamba2" else "block_v")]
+    jobs += [(s, PRESETS["fp32"], {}, 0, DEV) for s in args.shapes]
+    precompile(jobs, args.workers)
+    for sname in args.shapes:
+        shape = SHAPES[sname]
+        base = measure(shape, args.batch, PRESETS["fp32"], args.reps, device=DEV)["window_us"]
+        print(f"{sname:22s} B={args.batch} conventional fp32 step {base:8.1f}us", flush=True)
+        for (s, cfg, kw, _, _) in jobs:
+            if s != sname or "verify" not in kw:
+                continue
+            t = measure_verify(shape, args.batch, cfg, T, args.reps, device=DEV, **kw["verify"])
+            print(f"{sname:22s} {cfg.label:20s} verify T={T} {kw['verify']} {t:9.1f}us = "
+                  f"{t / base:5.2f} conventional steps", flush=True)
+        if args.profile and not SMOKE:
+            for cname in VERIFY_CONFIGS:
+                print(f"{sname:22s} {cname:20s} verify T={T} defaults, device us per kernel: "
+                      f"{verify_kernel_times(shape, args.batch, PRESETS[cname], T)}", flush=True)
+    register_report()
+    return 0
+
+
+def verify_kernel_times(shape, batch: int, cfg, T: int, reps: int = 5) -> dict:
+    """Device microseconds per launch of each kernel of one verify (torch profiler, no graph)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from replayssm_quant.kernels.gdn import gdn_verify
+    from replayssm_quant.kernels.mamba2 import mamba2_verify
+
+    w = Workload(shape, batch, cfg, steps=T, spec=T - 1, device=DEV)
+    w.cache.cursor.zero_()
+    st = lambda key: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
+    if shape.kind == "mamba2":
+        x, dt, Bm, C = st("x"), st("dt"), st("Bm"), st("C")
+        fn = lambda: mamba2_verify(w.cache, x, dt, w.A, Bm, C, w.D, w.slots)  # noqa: E731
+    else:
+        q, k, v, g, beta = st("q"), st("k"), st("v"), st("g"), st("beta")
+        fn = lambda: gdn_verify(w.cache, q, k, v, g, beta, w.slots)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: round(e.device_time_total / e.count, 1) for e in prof.key_averages()
+            if e.device_time_total > 0 and e.key.startswith("_")}
+
+
 # ------------------------------------------------------------------------------ main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -221,6 +285,12 @@ def main() -> int:
     ap.add_argument("--fblocks", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--fwarps", type=int, nargs="*", default=[4])
     ap.add_argument("--per-sm", type=int, nargs="*", default=[2, 4, 8])
+    ap.add_argument("--verify", action="store_true",
+                    help="sweep the speculative verify's tiles x warps (8 drafts) instead")
+    ap.add_argument("--vblocks", type=int, nargs="*", default=[16, 32, 64])
+    ap.add_argument("--vwarps", type=int, nargs="*", default=[4, 8])
+    ap.add_argument("--profile", action="store_true",
+                    help="with --verify: device time per kernel of the default verify (profiler)")
     ap.add_argument("--check", action="store_true", help="correctness checks first")
     ap.add_argument("--check-only", action="store_true", help="correctness checks, no sweep")
     ap.add_argument("--check-shapes", nargs="*", default=list(SHAPES))
@@ -239,6 +309,8 @@ def main() -> int:
         args.blocks, args.warps, args.fblocks, args.per_sm = [32], [4], [16], [1]
     if args.check_only:
         args.check, args.shapes = True, []
+    if args.verify:
+        return verify_sweep(args)
     jobs = []
     for sname in args.shapes:
         for cname in args.configs:

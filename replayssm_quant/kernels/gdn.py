@@ -533,7 +533,7 @@ def _ring_args(cache: ReplayCache):
             slot_stride(r["g"]), slot_stride(vr), slot_stride(br))
 
 
-def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 64,
+def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 32,
                num_warps: int = 4) -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records."""
