@@ -138,7 +138,7 @@ def round_fp16_sr(x, r):
     ``8191 - (r >> 19)`` carries exactly when rounding up. Tiles holding a nonzero value below
     2^-14 (fixed step 2^-24) also run the float recipe there; most tiles hold none."""
     ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    qi = (ab + ((~r) >> 19).to(tl.int32)) & -8192
+    qi = (ab + ((r >> 19) ^ 0x1FFF).to(tl.int32)) & -8192  # 8191 - (r >> 19)
     q = tl.minimum(qi, 0x477FE000).to(tl.float32, bitcast=True)
     small = (ab < 0x38800000) & (ab != 0)
     if tl.max(small.to(tl.int32), axis=None) > 0:
