@@ -1,0 +1,77 @@
+"""tools/sass_stats.py: SASS summaries of a compiled kernel (compiled for sm_90 on this CPU
+machine with Triton's bundled ptxas, in a subprocess without the interpreter)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "sass_stats.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("sass_stats", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summarize_counts_the_main_loop():
+    sass = "\n".join([
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   LDL R2, [R1] ;",
+        "        /*0020*/                   FFMA R3, R2, R2, R3 ;",
+        "        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;",
+        "        /*0040*/                   SHFL.BFLY PT, R4, R3, 0x1, 0x1f ;",
+        "        /*0050*/              @P0 BRA 0x20 ;",
+        "        /*0060*/                   STL [R1], R3 ;",
+        "        /*0070*/                   EXIT ;",
+    ])
+    s = _module().summarize(sass)
+    assert s["kernel"]["instructions"] == 8
+    assert s["kernel"]["local_memory"] == 2 and s["kernel"]["barriers"] == 1
+    loop = s["main_loop"]
+    assert loop["instructions"] == 4  # 0x20 .. 0x50
+    assert loop["barriers"] == 1 and loop["shuffles"] == 1 and loop["local_memory"] == 0
+
+
+def _bundled_ptxas() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+@pytest.mark.skipif(not _bundled_ptxas(), reason="Triton without its bundled ptxas")
+def test_compiles_an_emulator_kernel_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(TOOL), "emulate-gdn-conv", "--preset", "fp32",
+                          "--block", "4", "--warps", "1", "--json"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    s = json.loads(out.stdout)
+    assert 16 <= s["registers"] <= 255
+    assert s["kernel"]["instructions"] > 100
+    assert 0 < s["main_loop"]["instructions"] < s["kernel"]["instructions"]
+    assert s["main_loop"]["local_memory"] == 0
+
+
+def test_refuses_the_interpreter_and_wrong_presets():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, str(TOOL), "emulate-gdn-conv", "--preset", "fp32",
+                          "--block", "4"], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "TRITON_INTERPRET" in out.stderr
+    env.pop("TRITON_INTERPRET")
+    out = subprocess.run([sys.executable, str(TOOL), "emulate-gdn-conv", "--preset",
+                          "replay-fp32", "--block", "4"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "needs L = 1" in out.stderr

@@ -1,0 +1,165 @@
+"""Compile one of this project's Triton kernels for an NVIDIA GPU on any machine (no GPU needed:
+Triton ships ptxas and cuobjdump) and summarise its SASS: registers, local-memory (spill)
+instructions, barriers and instructions, for the whole kernel and for its main loop.
+
+    python tools/sass_stats.py emulate-gdn-window --preset nvfp4-read/fp16-sr --block 32 --warps 8
+    python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1
+    python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
+
+Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128). The counts
+come from this machine's Triton, which may differ from the GPU machine's. They explain timings
+(in a latency-bound loop, barriers and spills are what cost), they are not timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the GPU machine's Triton default
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from replayssm_quant.kernels import emulate as em  # noqa: E402
+from replayssm_quant.kernels import gdn as kg  # noqa: E402
+from replayssm_quant.kernels.common import FMT_CODES, FMT_NONE  # noqa: E402
+from replayssm_quant.precision import PRESETS  # noqa: E402
+
+HV, HK, V, K = 32, 16, 128, 128
+_ADDR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
+
+
+def _fmt(f) -> int:
+    return FMT_NONE if f is None else FMT_CODES[f.name]
+
+
+def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
+    return {n: types.get(n, default) for n in names.split()}
+
+
+def target(name: str, preset: str, block: int, T: int = 8) -> tuple:
+    """(kernel, signature, constexprs) of a named target for one preset."""
+    cfg = PRESETS[preset]
+    ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
+    act = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "seq_ptr": "*i64"}
+    if name == "emulate-gdn-conv":
+        if cfg.L != 1:
+            raise SystemExit(f"{preset} is windowed (L={cfg.L}); emulate-gdn-conv needs L = 1")
+        sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr s0_ptr seq_ptr o_ptr sf_ptr", act, "*fp32")
+        sig.update(T="i32", seed="i32", layer="i32")
+        consts = dict(HV=HV, HK=HK, V=V, K=K, BV=block, CK=ck, SR=sr)
+        return em._gdn_conv_kernel, sig, consts
+    if name == "emulate-gdn-window":
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; emulate-gdn-window needs L > 1")
+        LB, _ = em._window(cfg.L)
+        sig = _sig("q_ptr k_ptr v_ptr beta_ptr pre_ptr s0_ptr seq_ptr o_ptr sf_ptr", act, "*fp32")
+        sig.update(T="i32", seed="i32", layer="i32", w0="i32", nfull="i32")
+        consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, LB=LB, BV=block, CK=ck, RD=rd, SR=sr,
+                      FIRST=True, TAIL=True, PREFETCH=False, MERGE=em._MERGE_RQ)
+        return em._gdn_window_kernel, sig, consts
+    if name == "gdn-verify":
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; gdn-verify needs a ReplaySSM preset")
+        cap = cfg.L + T - 1
+        types = dict(act, slots_ptr="*i32", cur_ptr="*i32", kr_ptr="*bf16",
+                     src_ptr="*u8" if rd == FMT_CODES["nvfp4"] else "*fp32")
+        sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr slots_ptr o_ptr src_ptr src_rs_ptr "
+                   "src_bs_ptr", types, "*fp32")
+        sig.update(s_src="i64", s_srcrs="i64", s_srcbs="i64")
+        sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
+        sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
+        sig.update(_sig("cur_ptr kd_ptr", types, "*fp32"))
+        consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), HV=HV, HK=HK, V=V, K=K,
+                      CAP=cap, LB=max(16, triton.next_power_of_2(cap)),
+                      SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block)
+        return kg._gdn_verify_kernel, sig, consts
+    raise SystemExit(f"unknown target {name!r}")
+
+
+def _op(line: str) -> str:
+    return re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0]
+
+
+def summarize(sass: str) -> dict:
+    """Counts over the whole SASS listing and over its largest backward branch (the main loop)."""
+    lines = [ln for ln in sass.splitlines() if _ADDR.match(ln)]
+
+    def addr(ln: str) -> int:
+        return int(_ADDR.match(ln).group(1), 16)
+
+    def counts(ls: list[str]) -> dict:
+        ops = collections.Counter(_op(ln) for ln in ls)
+        return {"instructions": len(ls), "barriers": ops["BAR"],
+                "local_memory": ops["LDL"] + ops["STL"], "shuffles": ops["SHFL"],
+                "top_ops": dict(ops.most_common(8))}
+
+    out = {"kernel": counts(lines)}
+    loops = []
+    for ln in lines:
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", ln)
+        if m and int(m.group(1), 16) < addr(ln):
+            loops.append((int(m.group(1), 16), addr(ln)))
+    if loops:
+        a, b = max(loops, key=lambda x: x[1] - x[0])
+        out["main_loop"] = counts([ln for ln in lines if a <= addr(ln) <= b])
+    return out
+
+
+def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> dict:
+    """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas)."""
+    sig = dict(signature, **{k: "constexpr" for k in constexprs})
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
+                            target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([str(bindir / "cuobjdump"), "-res-usage", str(cubin)],
+                             capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", res)
+    return {"registers": int(regs.group(1)) if regs else None, **summarize(sass)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify"])
+    ap.add_argument("--preset", required=True, choices=list(PRESETS))
+    ap.add_argument("--block", type=int, required=True, help="value rows per program")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    a = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
+    fn, sig, consts = target(a.target, a.preset, a.block)
+    s = sass_stats(fn, sig, consts, a.warps, a.arch)
+    if a.json:
+        print(json.dumps(s, indent=1))
+        return
+    print(f"{a.target} {a.preset} block {a.block} warps {a.warps} sm_{a.arch}: "
+          f"{s['registers']} registers")
+    for part in ("kernel", "main_loop"):
+        if part in s:
+            c = s[part]
+            print(f"  {part:9s} {c['instructions']:6d} instructions, {c['barriers']:4d} barriers, "
+                  f"{c['local_memory']:4d} local-memory ops, {c['shuffles']:4d} shuffles; "
+                  f"top {c['top_ops']}")
+
+
+if __name__ == "__main__":
+    main()
