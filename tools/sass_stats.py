@@ -3,7 +3,7 @@ Triton ships ptxas and cuobjdump) and summarise its SASS: registers, local-memor
 instructions, barriers and instructions, for the whole kernel and for its main loop.
 
     python tools/sass_stats.py emulate-gdn-window --preset nvfp4-read/fp16-sr --block 32 --warps 8
-    python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1
+    python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1 [--layout groups]
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128). The counts
@@ -48,7 +48,7 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
-def target(name: str, preset: str, block: int, T: int = 8) -> tuple:
+def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset."""
     cfg = PRESETS[preset]
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
@@ -58,6 +58,9 @@ def target(name: str, preset: str, block: int, T: int = 8) -> tuple:
             raise SystemExit(f"{preset} is windowed (L={cfg.L}); emulate-gdn-conv needs L = 1")
         sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr s0_ptr seq_ptr o_ptr sf_ptr", act, "*fp32")
         sig.update(T="i32", seed="i32", layer="i32")
+        if layout == "groups" and sr and cfg.ckpt.name in ("fp16", "bf16"):
+            sig.update(one="i32")
+            return em._gdn_conv8_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, BV=block, CK=ck)
         consts = dict(HV=HV, HK=HK, V=V, K=K, BV=block, CK=ck, SR=sr)
         return em._gdn_conv_kernel, sig, consts
     if name == "emulate-gdn-window":
@@ -141,12 +144,14 @@ def main() -> None:
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True, help="value rows per program")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--layout", choices=["rows", "groups"], default="rows",
+                    help="emulate-gdn-conv: gdn_emulate's conv_layout")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
-    fn, sig, consts = target(a.target, a.preset, a.block)
+    fn, sig, consts = target(a.target, a.preset, a.block, layout=a.layout)
     s = sass_stats(fn, sig, consts, a.warps, a.arch)
     if a.json:
         print(json.dumps(s, indent=1))

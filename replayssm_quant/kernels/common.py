@@ -84,6 +84,19 @@ def sr_words(seed, layer, sequence, flush_index, element, HALF: tl.constexpr = F
 
 
 @triton.jit
+def sr_half_words_d8(seed, layer, sequence, flush_index, group, d):
+    """``sr_words(.., HALF=True)`` for tiles held as ``(8, ...)`` with the 8 elements of a
+    Philox group on axis 0 (``d``: ``arange(0, 8)`` on axis 0; ``group``: the group's counter
+    ``element >> 3``, size 1 on axis 0). When axis 0 lives in one thread's registers, ``d`` is
+    a constant per register, the word selection folds away and no words move between threads."""
+    z = group * 0
+    r0, r1, r2, r3 = philox(seed, group, z + sequence.to(tl.uint32),
+                            z + flush_index.to(tl.uint32), z + layer.to(tl.uint32))
+    w = tl.where(d < 2, r0, tl.where(d < 4, r1, tl.where(d < 6, r2, r3)))
+    return tl.where((d & 1) == 0, w << 16, w & 0xFFFF0000)
+
+
+@triton.jit
 def sr_words_for(seed, layer, sequence, flush_index, element, FMT: tl.constexpr):
     """``sr_words`` with the word width SR onto format FMT takes (16 bits for fp16 / bf16)."""
     if FMT == 1:
