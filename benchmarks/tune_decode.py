@@ -224,6 +224,9 @@ def verify_sweep(args) -> int:
     variants = [{"verify": {("block_p" if SHAPES[s].kind == "mamba2" else "block_v"): b,
                             "num_warps": w}}
                 for s in args.shapes for b, w in itertools.product(args.vblocks, args.vwarps)]
+    variants += [{"verify": {"block_v": b, "num_warps": w, "draft_solve": "ut"}}
+                 for s in args.shapes if SHAPES[s].kind == "gdn"
+                 for b, w in itertools.product(args.vblocks, args.vwarps)]
     jobs = [(s, PRESETS[c], kw, T, DEV) for s in args.shapes for c in VERIFY_CONFIGS
             for kw in variants if next(iter(kw["verify"])) == (
                 "block_p" if SHAPES[s].kind == "mamba2" else "block_v")]

@@ -17,9 +17,9 @@ from .test_kernels_decode import _clone, _close_state
 SLOTS = torch.tensor([1, 0, -1], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("kind,solve", [("mamba2", None), ("gdn", "loop"), ("gdn", "ut")])
 @pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "shared-fp8"])
-def test_verify_commit_matches_reference(kind, name):
+def test_verify_commit_matches_reference(kind, solve, name):
     cfg = replace(PRESETS[name], L=4)
     T, rounds = 3, 4
     g = torch.Generator().manual_seed(5)
@@ -45,7 +45,8 @@ def test_verify_commit_matches_reference(kind, name):
         else:
             a = gdn_inputs(3, T, HV, V, K, HK, generator=g)
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
-            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
+                           draft_solve=solve)
             gdn.commit(ref, acc, SLOTS)
             gdn_commit(cache, acc, SLOTS)
         v = SLOTS >= 0
@@ -62,3 +63,12 @@ def test_verify_commit_matches_reference(kind, name):
             for s in range(2):
                 c = int(ref.cursor[s])
                 assert torch.allclose(kk_[s, :, :c], rk[s, :, :c], rtol=1e-4, atol=1e-5), key
+
+
+def test_gdn_verify_checks_the_draft_solve():
+    cfg = replace(PRESETS["replay-fp32"], L=4)
+    ref = gdn.init_gdn_state(cfg, 2, 4, 16, 32, 2, spec_tokens=3, seed=2, layer=1)
+    a = gdn_inputs(3, 3, 4, 16, 32, 2, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="draft_solve"):
+        gdn_verify(cache_from_reference(ref), a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
+                   draft_solve="newton")

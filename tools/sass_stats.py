@@ -4,6 +4,7 @@ instructions, barriers and instructions, for the whole kernel and for its main l
 
     python tools/sass_stats.py emulate-gdn-window --preset nvfp4-read/fp16-sr --block 32 --warps 8
     python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1 [--layout groups]
+    python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --by-line 12
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128). The counts
@@ -48,7 +49,8 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
-def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows") -> tuple:
+def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows",
+           solve: str = "loop") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset."""
     cfg = PRESETS[preset]
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
@@ -86,7 +88,9 @@ def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows")
         sig.update(_sig("cur_ptr kd_ptr", types, "*fp32"))
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), HV=HV, HK=HK, V=V, K=K,
                       CAP=cap, LB=max(16, triton.next_power_of_2(cap)),
-                      SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block)
+                      SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block,
+                      UT=solve == "ut")
+        consts["LOG_TB"] = consts["TB"].bit_length() - 1
         return kg._gdn_verify_kernel, sig, consts
     raise SystemExit(f"unknown target {name!r}")
 
@@ -117,11 +121,56 @@ def summarize(sass: str) -> dict:
     if loops:
         a, b = max(loops, key=lambda x: x[1] - x[0])
         out["main_loop"] = counts([ln for ln in lines if a <= addr(ln) <= b])
+        out["loop_span"] = (a, b)
     return out
 
 
-def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> dict:
-    """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas)."""
+_LOC = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
+
+
+def _project_loc(m: re.Match) -> str:
+    """The innermost project source line of an annotation (Triton's own library code is
+    attributed to the project line it is inlined at when the annotation names one)."""
+    for path, line in ((m.group(1), m.group(2)), (m.group(3), m.group(4))):
+        if path and "replayssm_quant" in path:
+            return f"{path[path.index('replayssm_quant'):]}:{line}"
+    return f"{Path(m.group(1)).name}:{m.group(2)}"
+
+
+def line_table(annotated: str) -> dict[int, str]:
+    """Instruction address -> source line, from ``nvdisasm -gi`` output."""
+    table, loc = {}, "?"
+    for ln in annotated.splitlines():
+        m = _LOC.search(ln)
+        if m:
+            loc = _project_loc(m)
+        elif _ADDR.match(ln):
+            table[int(_ADDR.match(ln).group(1), 16)] = loc
+    return table
+
+
+def by_line(sass: str, table: dict[int, str], span: tuple[int, int] | None = None) -> list:
+    """Per source line: (line, instructions, barriers, local-memory ops), most barriers and
+    spills first, over the whole kernel or the address span of its main loop."""
+    rows: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    for ln in sass.splitlines():
+        m = _ADDR.match(ln)
+        if not m:
+            continue
+        a = int(m.group(1), 16)
+        if span and not span[0] <= a <= span[1]:
+            continue
+        r, op = rows[table.get(a, "?")], _op(ln)
+        r[0] += 1
+        r[1] += op == "BAR"
+        r[2] += op in ("LDL", "STL")
+    return sorted(((k, *v) for k, v in rows.items()), key=lambda x: (-x[2], -x[3], -x[1]))
+
+
+def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
+               lines: bool = False) -> dict:
+    """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas); with
+    ``lines``, also the per-source-line counts of the main loop (or of the whole kernel)."""
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
                             target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
@@ -133,8 +182,13 @@ def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int 
                               capture_output=True, text=True, check=True).stdout
         res = subprocess.run([str(bindir / "cuobjdump"), "-res-usage", str(cubin)],
                              capture_output=True, text=True, check=True).stdout
+        annotated = subprocess.run([str(bindir / "nvdisasm"), "-gi", str(cubin)],
+                                   capture_output=True, text=True).stdout if lines else ""
     regs = re.search(r"REG:(\d+)", res)
-    return {"registers": int(regs.group(1)) if regs else None, **summarize(sass)}
+    out = {"registers": int(regs.group(1)) if regs else None, **summarize(sass)}
+    if lines:
+        out["by_line"] = by_line(sass, line_table(annotated), out.get("loop_span"))
+    return out
 
 
 def main() -> None:
@@ -146,13 +200,18 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--layout", choices=["rows", "groups"], default="rows",
                     help="emulate-gdn-conv: gdn_emulate's conv_layout")
+    ap.add_argument("--solve", choices=["loop", "ut"], default="loop",
+                    help="gdn-verify: gdn_verify's draft_solve")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    ap.add_argument("--by-line", type=int, default=0, metavar="N",
+                    help="also the N source lines with the most barriers / spills in the main "
+                         "loop (the whole kernel when it has none)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
-    fn, sig, consts = target(a.target, a.preset, a.block, layout=a.layout)
-    s = sass_stats(fn, sig, consts, a.warps, a.arch)
+    fn, sig, consts = target(a.target, a.preset, a.block, layout=a.layout, solve=a.solve)
+    s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0)
     if a.json:
         print(json.dumps(s, indent=1))
         return
@@ -164,6 +223,11 @@ def main() -> None:
             print(f"  {part:9s} {c['instructions']:6d} instructions, {c['barriers']:4d} barriers, "
                   f"{c['local_memory']:4d} local-memory ops, {c['shuffles']:4d} shuffles; "
                   f"top {c['top_ops']}")
+    if a.by_line:
+        where = "main loop" if "main_loop" in s else "kernel"
+        print(f"  {where} by source line (instructions, barriers, local-memory ops):")
+        for loc, n, bars, local in s["by_line"][:a.by_line]:
+            print(f"    {loc:48s} {n:6d} {bars:4d} {local:4d}")
 
 
 if __name__ == "__main__":

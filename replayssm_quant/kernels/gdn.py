@@ -395,6 +395,7 @@ def _gdn_verify_kernel(
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr,
+    UT: tl.constexpr = False, LOG_TB: tl.constexpr = 4,
 ):
     """All T draft outputs in chunk form from the read source + committed records (the key
     head's key / query products from ``_gdn_verify_prep_kernel``): the draft u's by forward
@@ -441,14 +442,19 @@ def _gdn_verify_kernel(
         Mr = Er * tl.load(kd + r_off)  # [i, j] e^. (k_j . k_i)
         Wk = tl.exp(total)[None, :] * SK + tl.dot(U, tl.trans(Mr), input_precision="ieee")
         Md = Ed * tl.load(kd + 2 * TB * LB + d_off)  # [i, i'] e^. (k_i'.k_i)
-        Ud = tl.zeros((BV, TB), dtype=tl.float32)
-        for ii in tl.static_range(T):
-            sel = (i == ii).to(tl.float32)
-            row = tl.sum(Md * sel[:, None], axis=0)  # Md[ii, :]
-            coef = tl.where(i < ii, row, 0.0)
-            wi = tl.sum(Wk * sel[None, :], axis=1) + tl.sum(Ud * coef[None, :], axis=1)
-            ui = tl.sum(bd * sel, 0) * (tl.sum(Vd * sel[None, :], axis=1) - wi)
-            Ud += ui[:, None] * sel[None, :]
+        if UT:  # (I + M) u = beta (v - w) for every state row at once: U = X (I + M)^-T
+            M = tl.where(i[None, :] < i[:, None], bd[:, None] * Md, 0.0)
+            TI = tl.trans(unit_lower_inverse(M, TB, LOG_TB))
+            Ud = tl.dot(bd[None, :] * (Vd - Wk), TI, input_precision="ieee")
+        else:  # forward substitution, one draft after the other
+            Ud = tl.zeros((BV, TB), dtype=tl.float32)
+            for ii in tl.static_range(T):
+                sel = (i == ii).to(tl.float32)
+                row = tl.sum(Md * sel[:, None], axis=0)  # Md[ii, :]
+                coef = tl.where(i < ii, row, 0.0)
+                wi = tl.sum(Wk * sel[None, :], axis=1) + tl.sum(Ud * coef[None, :], axis=1)
+                ui = tl.sum(bd * sel, 0) * (tl.sum(Vd * sel[None, :], axis=1) - wi)
+                Ud += ui[:, None] * sel[None, :]
         Nr = Er * tl.load(kd + TB * LB + r_off)
         Nd = Ed * tl.load(kd + 2 * TB * LB + TB * TB + d_off)
         O = tl.exp(total)[None, :] * SQ + tl.dot(U, tl.trans(Nr), input_precision="ieee")
@@ -534,9 +540,16 @@ def _ring_args(cache: ReplayCache):
 
 
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 32,
-               num_warps: int = 4) -> torch.Tensor:
+               num_warps: int = 4, draft_solve: str = "loop") -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
-    o (B, T, Hv, V); appends the drafts after each row's committed records."""
+    o (B, T, Hv, V); appends the drafts after each row's committed records.
+
+    ``draft_solve``: ``"loop"`` solves the drafts' u's one after the other (every step
+    reduces across the program's warps: ~90 of the kernel's ~107 barriers on sm_90),
+    ``"ut"`` as one product with the UT transform ``(I + M)^-T`` of the drafts (float32-close
+    to the loop; interpreter-tested, not yet timed on a GPU, hence not the default)."""
+    if draft_solve not in ("loop", "ut"):
+        raise ValueError(f"draft_solve must be 'loop' or 'ut', got {draft_solve!r}")
     Bsz, T, HK, K = q.shape
     HV, V = v.shape[-2:]
     if cache.kind != "gdn":
@@ -560,7 +573,8 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 32
     _gdn_verify_kernel[(Bsz, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
         kd, T=T, TB=TB, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, num_warps=num_warps)
+        SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, UT=draft_solve == "ut",
+        LOG_TB=TB.bit_length() - 1, num_warps=num_warps)
     return o
 
 
