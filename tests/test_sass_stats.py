@@ -75,3 +75,27 @@ def test_refuses_the_interpreter_and_wrong_presets():
                           "replay-fp32", "--block", "4"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "needs L = 1" in out.stderr
+
+
+def test_by_line_attributes_inlined_library_code_to_project_lines():
+    mod = _module()
+    annotated = "\n".join([
+        '\t//## File "/x/replayssm_quant/kernels/gdn.py", line 10',
+        "        /*0000*/                   LDL R2, [R1] ;",
+        '\t//## File "/site/triton/language/standard.py", line 314 inlined at '
+        '"/x/replayssm_quant/kernels/gdn.py", line 12',
+        "        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;",
+        "        /*0020*/                   SHFL.BFLY PT, R4, R3, 0x1, 0x1f ;",
+        '\t//## File "/site/triton/language/standard.py", line 287 inlined at '
+        '"/site/triton/language/standard.py", line 314',
+        "        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;",
+    ])
+    table = mod.line_table(annotated)
+    assert table == {0x0: "replayssm_quant/kernels/gdn.py:10",
+                     0x10: "replayssm_quant/kernels/gdn.py:12",
+                     0x20: "replayssm_quant/kernels/gdn.py:12", 0x30: "standard.py:287"}
+    rows = mod.by_line(annotated, table)
+    assert rows[0] == ("replayssm_quant/kernels/gdn.py:12", 2, 1, 0)
+    assert ("replayssm_quant/kernels/gdn.py:10", 1, 0, 1) in rows
+    assert mod.by_line(annotated, table, (0x10, 0x20)) == [
+        ("replayssm_quant/kernels/gdn.py:12", 2, 1, 0)]
