@@ -7,7 +7,8 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --by-line 12
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
 
-Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128). The counts
+Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
+Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
 come from this machine's Triton, which may differ from the GPU machine's. They explain timings
 (in a latency-bound loop, barriers and spills are what cost), they are not timings.
 """
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from replayssm_quant.kernels import emulate as em  # noqa: E402
 from replayssm_quant.kernels import gdn as kg  # noqa: E402
+from replayssm_quant.kernels import mamba2 as km  # noqa: E402
 from replayssm_quant.kernels.common import FMT_CODES, FMT_NONE  # noqa: E402
 from replayssm_quant.precision import PRESETS  # noqa: E402
 
@@ -92,6 +94,24 @@ def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows",
                       UT=solve == "ut")
         consts["LOG_TB"] = consts["TB"].bit_length() - 1
         return kg._gdn_verify_kernel, sig, consts
+    if name == "mamba2-verify":  # Nemotron-3-Super's Mamba-2 layer
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; mamba2-verify needs a ReplaySSM preset")
+        H, P, N, G = 128, 64, 128, 8
+        cap = cfg.L + T - 1
+        types = {"x_ptr": "*bf16", "B_ptr": "*bf16", "C_ptr": "*bf16", "slots_ptr": "*i32",
+                 "cur_ptr": "*i32", "xr_ptr": "*bf16", "Br_ptr": "*bf16",
+                 "src_ptr": "*u8" if rd == FMT_CODES["nvfp4"] else "*fp32"}
+        sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr src_ptr src_rs_ptr "
+                   "src_bs_ptr", types, "*fp32")
+        sig.update(s_src="i64", s_srcrs="i64", s_srcbs="i64")
+        sig.update(_sig("xr_ptr dtr_ptr Br_ptr", types, "*fp32"))
+        sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
+        sig.update(_sig("cur_ptr cb_ptr", types, "*fp32"))
+        consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G, CAP=cap,
+                      LB=max(16, triton.next_power_of_2(cap)),
+                      SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block)
+        return km._mamba2_verify_kernel, sig, consts
     raise SystemExit(f"unknown target {name!r}")
 
 
@@ -194,9 +214,11 @@ def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify"])
+    ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
+                                       "mamba2-verify"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
-    ap.add_argument("--block", type=int, required=True, help="value rows per program")
+    ap.add_argument("--block", type=int, required=True,
+                    help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--layout", choices=["rows", "groups"], default="rows",
                     help="emulate-gdn-conv: gdn_emulate's conv_layout")
