@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from replayssm_quant import formats as F
-from replayssm_quant.kernels.common import round_grid_rn_value, round_to
+from replayssm_quant.kernels.common import philox, round_grid_rn_value, round_to
 
 N = 4096
 
@@ -28,6 +28,29 @@ def _rn_value_kernel(x_ptr, out_ptr, MANT: tl.constexpr, EMIN: tl.constexpr,
                      MAXF: tl.constexpr, N: tl.constexpr):
     i = tl.arange(0, N)
     tl.store(out_ptr + i, round_grid_rn_value(tl.load(x_ptr + i), MANT, EMIN, MAXF))
+
+
+@triton.jit
+def _philox_kernel(c_ptr, out_ptr, seed, N: tl.constexpr):
+    i = tl.arange(0, N)
+    c = [tl.load(c_ptr + k * N + i) for k in tl.static_range(4)]
+    r0, r1, r2, r3 = philox(seed, c[0], c[1], c[2], c[3])
+    tl.store(out_ptr + i, r0)
+    tl.store(out_ptr + N + i, r1)
+    tl.store(out_ptr + 2 * N + i, r2)
+    tl.store(out_ptr + 3 * N + i, r3)
+
+
+@pytest.mark.parametrize("seed", [0, 1234567, 2**31 - 1])
+def test_philox_matches_reference_stream(seed):
+    """The kernels' Philox (wide products) equals the reference generator word for word."""
+    g = torch.Generator().manual_seed(seed % 1000)
+    c = torch.randint(0, 2**32, (4, 256), generator=g, dtype=torch.int64)
+    c[:, :4] = torch.tensor([0, 2**32 - 1, 1, 2**31]).view(1, 4)
+    out = torch.full((4, 256), -1, dtype=torch.int64).to(torch.uint32)
+    _philox_kernel[(1,)](c.to(torch.uint32), out, seed, N=256)
+    ref = torch.stack(F.philox4x32(c[0], c[1], c[2], c[3], seed))
+    assert torch.equal(out.to(torch.int64) & 0xFFFFFFFF, ref)
 
 
 def _inputs(seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,17 +86,26 @@ def test_round_to_matches_reference_bits(name, code, rounding, seed):
     assert bool((torch.signbit(out) == torch.signbit(ref)).all())
 
 
-def test_fp16_sr_tiles_with_and_without_small_values():
-    """The fp16 SR rounding takes an integer path and runs the float recipe only in tiles that
-    hold a value below 2^-14: tiles of normal values only, and tiles with a few small ones."""
+@pytest.mark.parametrize("name,code", [("fp16", 1), ("bf16", 2)])
+def test_sr_fast_and_full_tile_paths(name, code):
+    """fp16 / bf16 SR round a tile in a few integer instructions when all its values are in
+    the plain range and run the full recipe otherwise: tiles of plain values only, and tiles
+    that each hold one value of another kind (zero, a value below 2^-14, above 65504, near
+    the bf16 maximum, inf, NaN), every element against the reference."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(N, generator=g) * 0.1 + 0.5
-    x[2048 + 17] = 3e-6
-    x[2048 + 300] = -2.0**-20
+    x[256:512] *= -1.0
+    specials = [0.0, 3e-6, -2.0**-20, 70000.0, -65535.0, 3.3e38, -3.39e38, float("inf"),
+                -float("inf"), float("nan")]
     r = torch.randint(0, 2**32, (N,), generator=g, dtype=torch.int64).to(torch.uint32)
+    for i, v in enumerate(specials):  # tiles 1..10 of 256 hold one special each
+        x[256 * (i + 1) + 17 * i] = v
+        r[256 * (i + 1) + 17 * i] = 0  # u = 0: rounds up wherever it can
     out = torch.full((N,), float("nan"))
-    _round_kernel[(1,)](x, r, out, FMT=1, SR=True, N=N, TILE=512)
-    assert _same(out, F.round_elements(x, F.FORMATS["fp16"], "sr", r))
+    _round_kernel[(1,)](x, r, out, FMT=code, SR=True, N=N, TILE=256)
+    ref = F.round_elements(x, F.FORMATS[name], "sr", r)
+    assert _same(out, ref)
+    assert bool((torch.signbit(out) == torch.signbit(ref)).all())
 
 
 @pytest.mark.parametrize("name,mant,emin,maxf", [("e2m1", 1, 0, 6.0), ("fp8e4m3", 3, -6, 448.0),
