@@ -57,7 +57,6 @@ from .common import (
     round_grid_rn_value,
     round_to,
     safe_div,
-    sr_half_words_d8,
     sr_words_for,
     unit_lower_inverse,
 )
@@ -264,91 +263,6 @@ def _gdn_conv_kernel(
         S = _gdn_conv_step(S, q2, k2, v2, g2, b2, ob, t + 2, vv, mv,
                            _words(seed, layer, seq, t + 3, elem, SR, CK), SV, K, BV, CK, SR)
     tl.store(sf_ptr + sb + elem, S, mask=mv[:, None])
-
-
-@triton.jit
-def _gdn_token8(qb, kb, vb, gb, bb, t, T, vv, mv, kk, SK: tl.constexpr, SV: tl.constexpr,
-                HV: tl.constexpr, K: tl.constexpr):
-    """``_gdn_token`` with q and k as ``(8, 1, K // 8)`` tiles (column ``8 c + d`` at
-    ``(d, 0, c)``): loaded coalesced, then moved to the state's layout once per token."""
-    tt = t.to(tl.int64)
-    ok = t < T
-    mk = (kk * 0 + t) < T
-    q = tl.load(qb + tt * SK + kk, mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(kb + tt * SK + kk, mask=mk, other=0.0).to(tl.float32)
-    q = tl.permute(tl.reshape(q, (K // 8, 8)), (1, 0))[:, None, :]
-    k = tl.permute(tl.reshape(k, (K // 8, 8)), (1, 0))[:, None, :]
-    v = tl.load(vb + tt * SV + vv, mask=mv & ((vv * 0 + t) < T), other=0.0).to(tl.float32)
-    g = tl.load(gb + tt * HV, mask=ok, other=0.0)
-    be = tl.load(bb + tt * HV, mask=ok, other=0.0)
-    return q, k, v, g, be
-
-
-@triton.jit
-def _gdn_conv8_step(S, q, k, v, g, be, ob, t, vv, mv, r, SV: tl.constexpr, CK: tl.constexpr,
-                    SR: tl.constexpr):
-    """``_gdn_conv_step`` on ``(8, rows, K // 8)`` tiles (unscaled checkpoint formats)."""
-    a = tl.exp(g)
-    sk = tl.sum(tl.sum(S * k, axis=0), axis=1)
-    u = be * (v - a * sk)
-    S = a * S + u[None, :, None] * k
-    o = tl.sum(tl.sum(S * q, axis=0), axis=1)
-    tl.store(ob + t.to(tl.int64) * SV + vv, o, mask=mv)
-    return round_to(S, r, CK, SR)
-
-
-@triton.jit(do_not_specialize=["T", "seed", "layer", "one"])
-def _gdn_conv8_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, seq_ptr, o_ptr, sf_ptr, T, seed, layer, one,
-    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr, BV: tl.constexpr,
-    CK: tl.constexpr,
-):
-    """The conventional scan with an fp16 / bf16 SR state held as ``(8, rows, K // 8)``:
-    element ``(d, v, c)`` is column ``8 c + d``, so each Philox group (8 consecutive columns)
-    sits on axis 0, in one thread's registers, and its SR words need no exchange between
-    threads. ``one`` (always 1, not specialized) hides that axis' memory contiguity, which
-    would otherwise make the compiler spread it over threads for coalescing (the state is
-    loaded and stored once; q and k are loaded coalesced per token)."""
-    SK: tl.constexpr = HK * K
-    SV: tl.constexpr = HV * V
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    vt = tl.program_id(2)
-    hk = h // (HV // HK)
-    vv = vt * BV + tl.arange(0, BV)
-    mv = vv < V
-    kk = tl.arange(0, K)
-    d = tl.arange(0, 8)[:, None, None]
-    elem = (h * V + vv)[None, :, None] * K + tl.arange(0, K // 8)[None, None, :] * 8 + d * one
-    g8 = (tl.min(elem, axis=0) >> 3).to(tl.uint32)[None, :, :]
-    mrow = mv[None, :, None]
-    seq = tl.load(seq_ptr + b)
-    base = b.to(tl.int64) * T
-    qb = q_ptr + base * SK + hk * K
-    kb = k_ptr + base * SK + hk * K
-    vb = v_ptr + base * SV + h * V
-    gb = g_ptr + base * HV + h
-    bb = beta_ptr + base * HV + h
-    ob = o_ptr + base * SV + h * V
-    sb = b.to(tl.int64) * (HV * V * K)
-    S = tl.load(s0_ptr + sb + elem, mask=mrow, other=0.0)
-    S = round_to(S, sr_half_words_d8(seed, layer, seq, seq * 0, g8, d), CK, True)
-    z = T * 0
-    for c in range(T // 2):
-        t = z + c * 2  # a tensor index also when interpreted
-        q0, k0, v0, g0, b0 = _gdn_token8(qb, kb, vb, gb, bb, t, T, vv, mv, kk, SK, SV, HV, K)
-        q1, k1, v1, g1, b1 = _gdn_token8(qb, kb, vb, gb, bb, t + 1, T, vv, mv, kk, SK, SV, HV,
-                                         K)
-        r0 = sr_half_words_d8(seed, layer, seq, t + 1, g8, d)
-        r1 = sr_half_words_d8(seed, layer, seq, t + 2, g8, d)
-        S = _gdn_conv8_step(S, q0, k0, v0, g0, b0, ob, t, vv, mv, r0, SV, CK, True)
-        S = _gdn_conv8_step(S, q1, k1, v1, g1, b1, ob, t + 1, vv, mv, r1, SV, CK, True)
-    t = (T // 2) * 2
-    if t < T:
-        q0, k0, v0, g0, b0 = _gdn_token8(qb, kb, vb, gb, bb, t, T, vv, mv, kk, SK, SV, HV, K)
-        S = _gdn_conv8_step(S, q0, k0, v0, g0, b0, ob, t, vv, mv,
-                            sr_half_words_d8(seed, layer, seq, t + 1, g8, d), SV, CK, True)
-    tl.store(sf_ptr + sb + elem, S, mask=mrow)
 
 
 @triton.jit
@@ -825,7 +739,6 @@ def gdn_emulate(
     v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, layer: int = 0, seed: int = 0,
     sequence: torch.Tensor | None = None, act_dtype: torch.dtype = torch.float32,
     block_v: int | None = None, num_warps: int | None = None, prefetch: bool | None = None,
-    conv_layout: str = "rows",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ssm.gdn.emulate`` in one launch: ``q, k (B, T, Hk, K)``, ``v (B, T, Hv, V)``,
     ``g, beta (B, T, Hv)`` fp32 -> ``(o (B, T, Hv, V), S_final (B, Hv, V, K))`` fp32.
@@ -833,15 +746,10 @@ def gdn_emulate(
     ``k`` and ``v`` are rounded through ``act_dtype`` (what the ring stores) before the launch,
     like the reference. Launch knobs (results do not depend on them; defaults are the fastest
     measured on the H200, ``reports/emulate``): ``block_v`` value rows per program (default
-    4 conventional, 2 for an fp16-SR state, 32 windowed: the chunk products need >= 16),
-    ``num_warps`` (default 1
-    conventional, 2 for a bf16-SR state, 4 windowed, 8 windowed with a read copy),
-    ``prefetch`` (windowed: hold the
+    4 conventional, 32 windowed: the chunk products need >= 16), ``num_warps`` (default 1
+    conventional, 4 windowed, 8 windowed with a read copy), ``prefetch`` (windowed: hold the
     next window's inputs in registers while computing this one; default off, it costs
-    registers), ``conv_layout`` (conventional fp16 / bf16 SR: ``"groups"`` holds each Philox
-    group of 8 columns in one thread's registers, so SR words never move between threads;
-    about a quarter fewer instructions per element in the compiled loop, interpreter-tested
-    and not yet timed on a GPU, hence not the default)."""
+    registers)."""
     from ..ssm.replay import check_row_length, check_tensor
 
     floats = (torch.float32, torch.float16, torch.bfloat16)
@@ -868,17 +776,9 @@ def gdn_emulate(
     sf = torch.empty(n, HV, V, K, dtype=torch.float32, device=k.device)
     args = (q, k, v, g, beta, S0, seq, o, sf, T, int(seed), int(layer))
     ck, sr = _fmt(cfg.ckpt), cfg.uses_sr
-    if conv_layout not in ("rows", "groups"):
-        raise ValueError(f"conv_layout must be 'rows' or 'groups', got {conv_layout!r}")
-    groups_ok = sr and ck in (FMT_CODES["fp16"], FMT_CODES["bf16"])
-    if cfg.L == 1 and conv_layout == "groups" and groups_ok:
+    if cfg.L == 1:
         BV = min(block_v or 4, triton.next_power_of_2(V))
-        _gdn_conv8_kernel[(n, HV, triton.cdiv(V, BV))](
-            *args, 1, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, num_warps=num_warps or 1)
-    elif cfg.L == 1:
-        fp16_sr = sr and ck == FMT_CODES["fp16"]
-        BV = min(block_v or (2 if fp16_sr else 4), triton.next_power_of_2(V))
-        warps = num_warps or (2 if sr and ck == FMT_CODES["bf16"] else 1)
+        warps = num_warps or 1
         _gdn_conv_kernel[(n, HV, triton.cdiv(V, BV))](
             *args, HV=HV, HK=HK, V=V, K=K, BV=BV, CK=ck, SR=sr, num_warps=warps)
     else:
@@ -931,7 +831,7 @@ def mamba2_emulate(
     ``x`` and ``Bm`` are rounded through ``act_dtype`` before the launch, like the reference.
     Launch knobs (results do not depend on them; defaults are the fastest measured on the
     H200, ``reports/emulate``): ``block_p`` head-dim rows per program (default 4
-    conventional, 2 for an fp16-SR state, 64 windowed: the chunk products need >= 16, and
+    conventional, 2 for an fp16-SR state, 8 for a bf16-SR state, 64 windowed: the chunk products need >= 16, and
     fewer, larger tiles mean fewer waves), ``num_warps`` (default 1 / 8), ``prefetch``
     (windowed: hold the next window's inputs in registers while computing this window;
     default on)."""
@@ -964,7 +864,8 @@ def mamba2_emulate(
     args = (x, dt, A, Bm, C, Dt, S0, seq, y, sf, T, int(seed), int(layer))
     ck, sr = _fmt(cfg.ckpt), cfg.uses_sr
     if cfg.L == 1:
-        BP = min(block_p or (2 if sr and ck == FMT_CODES["fp16"] else 4),
+        BP = min(block_p or (2 if sr and ck == FMT_CODES["fp16"] else
+                             8 if sr and ck == FMT_CODES["bf16"] else 4),
                  triton.next_power_of_2(P))
         _m2_conv_kernel[(n, H, triton.cdiv(P, BP))](
             *args, H=H, P=P, N=N, G=G, BP=BP, CK=ck, SR=sr, HAS_D=D is not None,
