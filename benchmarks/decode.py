@@ -3,7 +3,7 @@ shapes, counted state bytes, achieved bandwidth as a fraction of a device-to-dev
 measured in the same run, and the ratio to our conventional FP32 step.
 
     python benchmarks/decode.py --out reports/kernels            # full sweep
-    python benchmarks/decode.py --batch 256 --L 16 --quick        # one batch, one L
+    python benchmarks/decode.py --batch 256 --L 16                # one batch, one L
 
 Each measurement replays a CUDA graph: a whole window of L steps (window average), one flush
 step (cursor held at L-1), and the non-flush average derived from the two. Inputs are fresh

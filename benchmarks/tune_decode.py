@@ -146,10 +146,12 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
     return worst
 
 
-def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: int = 0) -> dict:
+def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: int = 0,
+               **verify_kw) -> dict:
     """Speculative verify of T drafts + commit against the reference, round by round from the
     same state (accepted counts vary per row, some rounds fold a window): worst output error
-    of the verify and worst fraction of checkpoint elements that differ after the commit."""
+    of the verify and worst fraction of checkpoint elements that differ after the commit.
+    ``verify_kw`` go to ``gdn_verify`` (e.g. ``draft_solve``)."""
     from dataclasses import replace
 
     from replayssm_quant.kernels.gdn import gdn_commit, gdn_verify
@@ -180,7 +182,7 @@ def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: in
         else:
             a = gdn_inputs(batch, T, H, P, N, G, generator=g, device=DEV)
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], slots)
-            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots)
+            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots, **verify_kw)
             gdn.commit(ref, acc, slots)
             gdn_commit(cache, acc, slots)
         worst["y_rel"] = max(worst["y_rel"], ((y - y_ref).norm() / y_ref.norm()).item())
@@ -224,7 +226,7 @@ def verify_sweep(args) -> int:
     variants = [{"verify": {("block_p" if SHAPES[s].kind == "mamba2" else "block_v"): b,
                             "num_warps": w}}
                 for s in args.shapes for b, w in itertools.product(args.vblocks, args.vwarps)]
-    variants += [{"verify": {"block_v": b, "num_warps": w, "draft_solve": "ut"}}
+    variants += [{"verify": {"block_v": b, "num_warps": w, "draft_solve": "loop"}}
                  for s in args.shapes if SHAPES[s].kind == "gdn"
                  for b, w in itertools.product(args.vblocks, args.vwarps)]
     jobs = [(s, PRESETS[c], kw, T, DEV) for s in args.shapes for c in VERIFY_CONFIGS
@@ -297,6 +299,8 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="correctness checks first")
     ap.add_argument("--check-only", action="store_true", help="correctness checks, no sweep")
     ap.add_argument("--check-shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--spec-only", action="store_true",
+                    help="with --check-only: only the speculative verify + commit checks")
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="CPU dry run, tiny shapes")
@@ -319,26 +323,28 @@ def main() -> int:
         for cname in args.configs:
             jobs += [(sname, PRESETS[cname], kw, 0, DEV)
                      for kw in _variants(SHAPES[sname].kind, PRESETS[cname], args)]
-    if args.check:
+    if args.check and not args.spec_only:
         jobs += [(s, PRESETS[c], {}, 0, DEV) for s in args.check_shapes for c in PRESETS]
     precompile(jobs, args.workers)
     if args.check:
         for sname in args.check_shapes:
-            for cname in ("fp32", "replay-fp32"):
+            for cname in () if args.spec_only else ("fp32", "replay-fp32"):
                 err = check_fp32(SHAPES[sname], PRESETS[cname], steps=40 if not SMOKE else 18)
                 print(f"check64 {sname:22s} {cname:12s} rel err vs float64 {err:.2e}", flush=True)
-            for cname in PRESETS:
+            for cname in () if args.spec_only else PRESETS:
                 t0 = time.time()
                 r = check_preset(SHAPES[sname], PRESETS[cname])
                 print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
                       f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
                       f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)
-            for cname in ("replay-fp32", "nvfp4-read/fp16-sr"):
+            solves = ("loop", "ut") if SHAPES[sname].kind == "gdn" else ("loop",)
+            for cname, solve in itertools.product(("replay-fp32", "nvfp4-read/fp16-sr"), solves):
                 t0 = time.time()
-                r = check_spec(SHAPES[sname], PRESETS[cname], T=3 if SMOKE else 8)
-                print(f"checksp {sname:22s} {cname:20s} verify y_rel {r['y_rel']:.2e} ckpt "
-                      f"differ after commit {r['ckpt_differ']:.2e} ({time.time() - t0:.1f}s)",
-                      flush=True)
+                kw = {"draft_solve": solve} if SHAPES[sname].kind == "gdn" else {}
+                r = check_spec(SHAPES[sname], PRESETS[cname], T=3 if SMOKE else 8, **kw)
+                print(f"checksp {sname:22s} {cname:20s} {solve:4s} verify y_rel "
+                      f"{r['y_rel']:.2e} ckpt differ after commit {r['ckpt_differ']:.2e} "
+                      f"({time.time() - t0:.1f}s)", flush=True)
     if SMOKE:
         bw = 1.0
     else:

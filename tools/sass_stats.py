@@ -3,7 +3,7 @@ Triton ships ptxas and cuobjdump) and summarise its SASS: registers, local-memor
 instructions, barriers and instructions, for the whole kernel and for its main loop.
 
     python tools/sass_stats.py emulate-gdn-window --preset nvfp4-read/fp16-sr --block 32 --warps 8
-    python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1 [--layout groups]
+    python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --by-line 12
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
 
@@ -51,8 +51,7 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
-def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows",
-           solve: str = "loop") -> tuple:
+def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset."""
     cfg = PRESETS[preset]
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
@@ -62,9 +61,6 @@ def target(name: str, preset: str, block: int, T: int = 8, layout: str = "rows",
             raise SystemExit(f"{preset} is windowed (L={cfg.L}); emulate-gdn-conv needs L = 1")
         sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr s0_ptr seq_ptr o_ptr sf_ptr", act, "*fp32")
         sig.update(T="i32", seed="i32", layer="i32")
-        if layout == "groups" and sr and cfg.ckpt.name in ("fp16", "bf16"):
-            sig.update(one="i32")
-            return em._gdn_conv8_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, BV=block, CK=ck)
         consts = dict(HV=HV, HK=HK, V=V, K=K, BV=block, CK=ck, SR=sr)
         return em._gdn_conv_kernel, sig, consts
     if name == "emulate-gdn-window":
@@ -187,13 +183,23 @@ def by_line(sass: str, table: dict[int, str], span: tuple[int, int] | None = Non
     return sorted(((k, *v) for k, v in rows.items()), key=lambda x: (-x[2], -x[3], -x[1]))
 
 
+def launch_attrs(fn, signature: dict) -> dict:
+    """The specialization a launch gives: Triton's JIT marks every pointer (torch allocations
+    are 16-byte aligned) and every integer divisible by 16 that is not ``do_not_specialize``
+    with ``tt.divisibility = 16``. Without it loads are not vectorized and the layouts differ
+    from what the GPU runs."""
+    skip = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+            if t.startswith("*") or (t in ("i32", "i64") and n not in skip)}
+
+
 def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
                lines: bool = False) -> dict:
     """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas); with
     ``lines``, also the per-source-line counts of the main loop (or of the whole kernel)."""
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
-                            target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=launch_attrs(fn, signature))
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
@@ -220,8 +226,6 @@ def main() -> None:
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--layout", choices=["rows", "groups"], default="rows",
-                    help="emulate-gdn-conv: gdn_emulate's conv_layout")
     ap.add_argument("--solve", choices=["loop", "ut"], default="loop",
                     help="gdn-verify: gdn_verify's draft_solve")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
@@ -232,7 +236,7 @@ def main() -> None:
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
-    fn, sig, consts = target(a.target, a.preset, a.block, layout=a.layout, solve=a.solve)
+    fn, sig, consts = target(a.target, a.preset, a.block, solve=a.solve)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0)
     if a.json:
         print(json.dumps(s, indent=1))
