@@ -191,3 +191,15 @@ def test_flush_list_compacts_across_blocks():
     assert 3 < len(rows) < n
     assert out[0].item() == len(rows)
     assert out[1:1 + len(rows)].tolist() == rows
+
+
+@pytest.mark.parametrize("P,N,want", [(64, 128, 64), (80, 128, 32), (128, 256, 32), (48, 128, 16),
+                                      (8, 128, 8)])
+def test_mamba2_tile_rows_pad_head_dim_little(P, N, want):
+    """The decode tile is a power of two that pads head_dim by at most a quarter (head_dim 80
+    of Nemotron-3-Nano: 32 rows, not 64)."""
+    from replayssm_quant.kernels.mamba2 import _block_p
+
+    b = _block_p(P, N)
+    assert b == want and b & (b - 1) == 0
+    assert -(-P // b) * b <= 1.25 * P or b == 16

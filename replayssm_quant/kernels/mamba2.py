@@ -291,7 +291,14 @@ def _check_inputs(cache: ReplayCache, x, dt, A, Bm, C, slots):
 
 
 def _block_p(P: int, N: int) -> int:
-    return min(triton.next_power_of_2(P), 64 if N <= 128 else 32)
+    """Head-dim rows per decode program: the largest power of two up to 64 (32 when
+    d_state > 128) whose tiles pad P by at most a quarter. Nemotron-3-Nano's head_dim 80 takes
+    32 (96 rows) rather than 64 (128 rows): its non-flush step ran 299 instead of 355 us at
+    batch 256 on the H200 (reports/kernels/tune_r7_nano_122b.log)."""
+    b = min(triton.next_power_of_2(P), 64 if N <= 128 else 32)
+    while b > 16 and triton.cdiv(P, b) * b * 4 > P * 5:
+        b //= 2
+    return b
 
 
 def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
