@@ -201,8 +201,10 @@ def _variants(kind: str, cfg, args) -> list[dict]:
     if cfg.L > 1:
         if cfg.read is not None and cfg.read.name == "nvfp4":
             out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
-        out += [{fk: b, "flush_warps": w, "flush_per_sm": s}
-                for b, w, s in itertools.product(args.fblocks, args.fwarps, args.per_sm)]
+        out += [{fk: b, "flush_warps": w, "flush_per_sm": s, **({"flush_stages": st}
+                                                                if st else {})}
+                for b, w, s, st in itertools.product(args.fblocks, args.fwarps, args.per_sm,
+                                                     args.fstages)]
     return out
 
 
@@ -290,6 +292,9 @@ def main() -> int:
     ap.add_argument("--fblocks", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--fwarps", type=int, nargs="*", default=[4])
     ap.add_argument("--per-sm", type=int, nargs="*", default=[2, 4, 8])
+    ap.add_argument("--fstages", type=int, nargs="*", default=[0],
+                    help="software-pipelining stages of the persistent flush loop (0: the "
+                         "library's default for the config)")
     ap.add_argument("--verify", action="store_true",
                     help="sweep the speculative verify's tiles x warps (8 drafts) instead")
     ap.add_argument("--vblocks", type=int, nargs="*", default=[16, 32, 64])
@@ -314,6 +319,7 @@ def main() -> int:
         args.shapes = args.check_shapes = list(SHAPES)
         args.configs, args.batch, args.workers, args.reps = ["replay-fp32"], 2, 1, 1
         args.blocks, args.warps, args.fblocks, args.per_sm = [32], [4], [16], [1]
+        args.fstages = [0, 1, 2]
     if args.check_only:
         args.check, args.shapes = True, []
     if args.verify:

@@ -203,3 +203,13 @@ def test_mamba2_tile_rows_pad_head_dim_little(P, N, want):
     b = _block_p(P, N)
     assert b == want and b & (b - 1) == 0
     assert -(-P // b) * b <= 1.25 * P or b == 16
+
+
+def test_flush_pipelining_only_for_plain_fp32_checkpoints():
+    """The Mamba-2 flush loop is pipelined (3 stages) for a plain fp32 checkpoint only; SR
+    and read-copy flushes keep Triton's default (None)."""
+    from replayssm_quant.kernels.mamba2 import flush_stages_for
+
+    assert flush_stages_for(PRESETS["replay-fp32"]) == 3
+    for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8", "shared-nvfp4"):
+        assert flush_stages_for(PRESETS[name]) is None, name

@@ -26,7 +26,14 @@ from .common import (
     unit_lower_inverse,
     write_state,
 )
-from .mamba2 import _flush_warps, _fmt, _state_args, advance_cursor, flush_list, flush_programs
+from .mamba2 import (
+    _flush_warps,
+    _fmt,
+    _state_args,
+    advance_cursor,
+    flush_list,
+    flush_programs,
+)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -207,11 +214,12 @@ def _gdn_flush_kernel(
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
-    BVF: tl.constexpr,
+    BVF: tl.constexpr, STAGES: tl.constexpr = None,
 ):
     """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
     the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
-    exists, folds them and the current token, writes o, the checkpoint and the read copy."""
+    exists, folds them and the current token, writes o, the checkpoint and the read copy.
+    STAGES (None: Triton's default, the fastest measured) software-pipelines the loop."""
     TILES: tl.constexpr = (V + BVF - 1) // BVF
     RATIO: tl.constexpr = HV // HK
     nflush = tl.load(list_ptr)
@@ -219,7 +227,8 @@ def _gdn_flush_kernel(
     j = tl.arange(0, LB)
     mj = j < L - 1
     nans = tl.zeros((), dtype=tl.int32)
-    for item in range(tl.program_id(0), nflush * (HV * TILES), tl.num_programs(0)):
+    for item in tl.range(tl.program_id(0), nflush * (HV * TILES), tl.num_programs(0),
+                         num_stages=STAGES):
         b = tl.load(list_ptr + 1 + item // (HV * TILES))
         h = (item // TILES) % HV
         vt = item % TILES
@@ -299,6 +308,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     advance: bool = True, num_warps: int | None = None,
                     flush_block_v: int | None = None,
                     flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
+                    flush_stages: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
@@ -345,7 +355,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            num_warps=flush_warps or _flush_warps(cfg))
+            STAGES=flush_stages, num_warps=flush_warps or _flush_warps(cfg))
     if advance:
         advance_cursor(cache, slots)
     return o
