@@ -64,6 +64,21 @@ def test_compiles_an_emulator_kernel_for_sm90():
     assert s["main_loop"]["local_memory"] == 0
 
 
+def test_compiles_with_the_launch_specialization():
+    """Pointers and integers a launch marks divisible by 16 (not the ``do_not_specialize``
+    ones) get ``tt.divisibility = 16``, as Triton's JIT gives them; every target resolves,
+    the decode flush too."""
+    mod = _module()
+    fn, sig, _ = mod.target("emulate-gdn-conv", "bf16-sr", 4)
+    attrs = mod.launch_attrs(fn, sig)
+    names = {fn.arg_names[k[0]] for k in attrs}
+    assert {"q_ptr", "s0_ptr", "o_ptr"} <= names
+    assert not names & {"T", "seed", "layer"}
+    assert all(v == [["tt.divisibility", 16]] for v in attrs.values())
+    fn, sig, consts = mod.target("mamba2-flush", "nvfp4-read/fp16-sr", 32)
+    assert sig["rd_ptr"] == "*u8" and sig["ck_ptr"] == "*fp16" and consts["L"] == 16
+
+
 def test_refuses_the_interpreter_and_wrong_presets():
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, str(TOOL), "emulate-gdn-conv", "--preset", "fp32",

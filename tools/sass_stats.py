@@ -6,6 +6,7 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --by-line 12
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
+    python tools/sass_stats.py mamba2-flush --preset replay-fp32 --block 32 --warps 4
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
 Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
@@ -108,6 +109,27 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop") 
                       LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block)
         return km._mamba2_verify_kernel, sig, consts
+    if name == "mamba2-flush":  # Nemotron-3-Super's Mamba-2 layer, decode flush at L
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; mamba2-flush needs a ReplaySSM preset")
+        H, P, N, G = 128, 64, 128, 8
+        data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
+                FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
+        types = {"slots_ptr": "*i32", "list_ptr": "*i32", "fi_ptr": "*i32", "nan_ptr": "*i32",
+                 "xr_ptr": "*bf16", "Br_ptr": "*bf16", "ck_ptr": data.get(ck, "*fp32"),
+                 "rd_ptr": data.get(rd, "*fp32"), "ck_bs_ptr": "*fp8e4nv", "rd_bs_ptr": "*fp8e4nv"}
+        sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr ck_ptr ck_rs_ptr "
+                   "ck_bs_ptr", types, "*fp32")
+        sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
+        sig.update(_sig("rd_ptr rd_rs_ptr rd_bs_ptr", types, "*fp32"))
+        sig.update(s_rd="i64", s_rdrs="i64", s_rdbs="i64")
+        sig.update(_sig("xr_ptr dtr_ptr Br_ptr", types, "*fp32"))
+        sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
+        sig.update(_sig("list_ptr fi_ptr nan_ptr", types, "*fp32"))
+        sig.update(seed="i32", layer="i32")
+        consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
+                      RD_FMT=rd, SR=sr, HAS_D=True, BPF=block)
+        return km._mamba2_flush_kernel, sig, consts
     raise SystemExit(f"unknown target {name!r}")
 
 
@@ -188,7 +210,10 @@ def launch_attrs(fn, signature: dict) -> dict:
     are 16-byte aligned) and every integer divisible by 16 that is not ``do_not_specialize``
     with ``tt.divisibility = 16``. Without it loads are not vectorized and the layouts differ
     from what the GPU runs."""
-    skip = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    dns = getattr(fn, "do_not_specialize", None)
+    if dns is None:  # the interpreter's function object keeps the jit keywords
+        dns = getattr(fn, "kwargs", {}).get("do_not_specialize") or ()
+    skip = {fn.arg_names[i] if isinstance(i, int) else i for i in dns}
     return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
             if t.startswith("*") or (t in ("i32", "i64") and n not in skip)}
 
@@ -221,7 +246,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
-                                       "mamba2-verify"])
+                                       "mamba2-verify", "mamba2-flush"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
