@@ -10,8 +10,15 @@ instructions, barriers and instructions, for the whole kernel and for its main l
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
 Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
-come from this machine's Triton, which may differ from the GPU machine's. They explain timings
-(in a latency-bound loop, barriers and spills are what cost), they are not timings.
+come from the running Python's Triton; to count what the GPU machine compiles, run the tool
+with that machine's Triton version (the H200 has 3.6.0), e.g. from a separate environment:
+
+    python -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0 torch numpy
+    /tmp/t36/bin/python tools/sass_stats.py mamba2-flush --preset replay-fp32 --block 32
+
+Arguments are specialized the way a launch specializes them (``launch_attrs``). The counts
+explain timings (in a latency-bound loop, barriers and spills are what cost); they are not
+timings.
 """
 
 from __future__ import annotations
