@@ -77,6 +77,8 @@ def test_compiles_with_the_launch_specialization():
     assert all(v == [["tt.divisibility", 16]] for v in attrs.values())
     fn, sig, consts = mod.target("mamba2-flush", "nvfp4-read/fp16-sr", 32)
     assert sig["rd_ptr"] == "*u8" and sig["ck_ptr"] == "*fp16" and consts["L"] == 16
+    fn, sig, consts = mod.target("mamba2-nonflush", "nvfp4-read/fp32", 64)
+    assert sig["src_ptr"] == "*u8" and consts["BP"] == 64
 
 
 def test_refuses_the_interpreter_and_wrong_presets():

@@ -7,6 +7,7 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --by-line 12
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
     python tools/sass_stats.py mamba2-flush --preset replay-fp32 --block 32 --warps 4
+    python tools/sass_stats.py mamba2-nonflush --preset nvfp4-read/fp32 --block 64 --warps 4
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
 Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
@@ -137,6 +138,24 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop") 
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block)
         return km._mamba2_flush_kernel, sig, consts
+    if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; mamba2-nonflush needs a ReplaySSM preset")
+        H, P, N, G = 128, 64, 128, 8
+        src = rd if rd != FMT_NONE else ck
+        data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
+                FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
+        types = {"slots_ptr": "*i32", "cur_ptr": "*i32", "xr_ptr": "*bf16", "Br_ptr": "*bf16",
+                 "src_ptr": data.get(src, "*fp32"), "src_bs_ptr": "*fp8e4nv"}
+        sig = _sig("x_ptr dt_ptr A_ptr B_ptr D_ptr C_ptr slots_ptr y_ptr src_ptr src_rs_ptr "
+                   "src_bs_ptr", types, "*fp32")
+        sig.update(s_src="i64", s_srcrs="i64", s_srcbs="i64")
+        sig.update(_sig("xr_ptr dtr_ptr Br_ptr", types, "*fp32"))
+        sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
+        sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
+        consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
+                      HAS_D=True, BP=block, LUT=False)
+        return km._mamba2_nonflush_kernel, sig, consts
     raise SystemExit(f"unknown target {name!r}")
 
 
@@ -253,7 +272,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
-                                       "mamba2-verify", "mamba2-flush"])
+                                       "mamba2-verify", "mamba2-flush", "mamba2-nonflush"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
