@@ -87,10 +87,11 @@ def _differ(a, b) -> float:
     return ((da - db).abs() > 1e-5 * rowmax).double().mean().item()
 
 
-def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int = 0) -> dict:
+def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int = 0,
+                 **step_kw) -> dict:
     """Kernel vs reference step by step from the same state (cursors staggered so rows flush
     on different steps): worst output relative error and worst fraction of checkpoint / read
-    copy elements that differ."""
+    copy elements that differ. ``step_kw`` go to the decode step (e.g. ``flush_fold``)."""
     from replayssm_quant.kernels.gdn import gdn_decode_step
     from replayssm_quant.kernels.mamba2 import mamba2_decode_step
 
@@ -133,9 +134,10 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
         out = torch.full((batch, H, P), float("nan"), device=DEV)
         if shape.kind == "mamba2":
             y = mamba2_decode_step(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"],
-                                   slots, out=out)
+                                   slots, out=out, **step_kw)
         else:
-            y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots, out=out)
+            y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots, out=out,
+                                **step_kw)
         y_ref = ref_step(t, slots)
         worst["nan_ok"] &= bool(torch.isfinite(y).all())
         worst["y_rel"] = max(worst["y_rel"], ((y - y_ref).norm() / y_ref.norm()).item())
@@ -201,10 +203,10 @@ def _variants(kind: str, cfg, args) -> list[dict]:
     if cfg.L > 1:
         if cfg.read is not None and cfg.read.name == "nvfp4":
             out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
-        out += [{fk: b, "flush_warps": w, "flush_per_sm": s, **({"flush_stages": st}
-                                                                if st else {})}
-                for b, w, s, st in itertools.product(args.fblocks, args.fwarps, args.per_sm,
-                                                     args.fstages)]
+        out += [{fk: b, "flush_warps": w, "flush_per_sm": s, "flush_fold": f,
+                 **({"flush_stages": st} if st else {})}
+                for f, b, w, s, st in itertools.product(args.folds, args.fblocks, args.fwarps,
+                                                        args.per_sm, args.fstages)]
     return out
 
 
@@ -295,6 +297,10 @@ def main() -> int:
     ap.add_argument("--fstages", type=int, nargs="*", default=[0],
                     help="software-pipelining stages of the persistent flush loop (0: the "
                          "library's default for the config)")
+    ap.add_argument("--folds", nargs="*", default=["dot"], choices=list(km.FLUSH_FOLDS),
+                    help="flush_fold values to sweep")
+    ap.add_argument("--check-fold", choices=list(km.FLUSH_FOLDS), default=None,
+                    help="run the preset checks with this flush_fold (default: the library's)")
     ap.add_argument("--verify", action="store_true",
                     help="sweep the speculative verify's tiles x warps (8 drafts) instead")
     ap.add_argument("--vblocks", type=int, nargs="*", default=[16, 32, 64])
@@ -304,6 +310,8 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="correctness checks first")
     ap.add_argument("--check-only", action="store_true", help="correctness checks, no sweep")
     ap.add_argument("--check-shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--check-configs", nargs="*", default=list(PRESETS), choices=list(PRESETS),
+                    help="presets the step-by-step checks run")
     ap.add_argument("--spec-only", action="store_true",
                     help="with --check-only: only the speculative verify + commit checks")
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
@@ -330,16 +338,18 @@ def main() -> int:
             jobs += [(sname, PRESETS[cname], kw, 0, DEV)
                      for kw in _variants(SHAPES[sname].kind, PRESETS[cname], args)]
     if args.check and not args.spec_only:
-        jobs += [(s, PRESETS[c], {}, 0, DEV) for s in args.check_shapes for c in PRESETS]
+        ckw = {"flush_fold": args.check_fold} if args.check_fold else {}
+        jobs += [(s, PRESETS[c], ckw, 0, DEV) for s in args.check_shapes for c in args.check_configs]
     precompile(jobs, args.workers)
     if args.check:
         for sname in args.check_shapes:
             for cname in () if args.spec_only else ("fp32", "replay-fp32"):
                 err = check_fp32(SHAPES[sname], PRESETS[cname], steps=40 if not SMOKE else 18)
                 print(f"check64 {sname:22s} {cname:12s} rel err vs float64 {err:.2e}", flush=True)
-            for cname in () if args.spec_only else PRESETS:
+            for cname in () if args.spec_only else args.check_configs:
                 t0 = time.time()
-                r = check_preset(SHAPES[sname], PRESETS[cname])
+                r = check_preset(SHAPES[sname], PRESETS[cname],
+                                 **({"flush_fold": args.check_fold} if args.check_fold else {}))
                 print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
                       f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
                       f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)

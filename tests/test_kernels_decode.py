@@ -73,7 +73,7 @@ def _stagger(kind, ref, inp) -> None:
             gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], sl)
 
 
-def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False):
+def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, **kw):
     g = torch.Generator().manual_seed(seed)
     if kind == "mamba2":
         H, P, N, G = 4, 16, 32, 2
@@ -103,12 +103,12 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False):
             y_ref = mamba2.decode_step(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
             y = mamba2_decode_step(cache, a["x"].contiguous(), a["dt"].contiguous(), a["A"],
                                    a["Bm"].contiguous(), a["C"].contiguous(), a["D"], SLOTS,
-                                   block_p=16, out=poison)
+                                   block_p=16, out=poison, **kw)
         else:
             a = {k: v[:, t].contiguous() for k, v in inp.items()}
             y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
             y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
-                                block_v=16, out=poison)
+                                block_v=16, out=poison, **kw)
         valid = SLOTS >= 0
         assert torch.isnan(y[~valid]).all(), "padding rows must not be written"
         yv, rv = y[valid], y_ref[valid]
@@ -136,6 +136,27 @@ def test_decode_step_matches_reference(kind, name):
 @pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr"])
 def test_rows_flushing_on_different_steps(kind, name):
     _run(kind, _small_L(PRESETS[name]), stagger=True)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "shared-fp8", "nvfp4-read/fp8-sr"])
+def test_records_flush_fold_matches_reference(kind, name):
+    """The flush that folds record by record (``flush_fold="records"``), with rows flushing
+    on different steps and a NaN input: same outputs and checkpoints as the reference."""
+    cfg = _small_L(PRESETS[name])
+    _run(kind, cfg, stagger=True, flush_fold="records")
+    ref, ker = _run(kind, cfg, steps=4, nan_at=1, flush_fold="records")
+    assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+
+
+def test_flush_fold_is_checked():
+    cfg = PRESETS["replay-fp32"]
+    cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))
+    x, dt = torch.randn(1, 4, 16), torch.rand(1, 4)
+    A, B = -torch.rand(4), torch.randn(1, 2, 32)
+    with pytest.raises(ValueError, match="flush_fold must be one of"):
+        mamba2_decode_step(cache, x, dt, A, B, B, None, torch.zeros(1, dtype=torch.int32),
+                           flush_fold="rank1")
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
@@ -213,3 +234,19 @@ def test_flush_pipelining_only_for_plain_fp32_checkpoints():
     assert flush_stages_for(PRESETS["replay-fp32"]) == 3
     for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8", "shared-nvfp4"):
         assert flush_stages_for(PRESETS[name]) is None, name
+
+
+def test_launch_defaults_follow_the_measured_table():
+    """Non-flush programs take one warp when they read an fp8 / NVFP4 copy; the Mamba-2
+    flush knobs come from the measured table, and configs outside it keep the plain
+    defaults."""
+    from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, nonflush_warps
+
+    assert nonflush_warps(PRESETS["replay-fp32"]) == 4
+    for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8", "shared-nvfp4",
+                 "fp8-read/fp32"):
+        assert nonflush_warps(PRESETS[name]) == 1, name
+    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 16, 4)
+    assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 32, 4)
+    custom = replace(PRESETS["nvfp4-read/fp16-sr"], ckpt=F.canonical_format("bf16"))
+    assert mamba2_flush_knobs(custom) == ("dot", 32, 8)

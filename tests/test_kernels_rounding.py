@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from replayssm_quant import formats as F
-from replayssm_quant.kernels.common import philox, round_grid_rn_value, round_to
+from replayssm_quant.kernels.common import philox, round_grid_rn_value, round_to, rows_dot
 
 N = 4096
 
@@ -134,3 +134,46 @@ def test_row_scales_are_correctly_rounded_divisions():
     assert torch.equal(q.row_scale, exact)
     q8 = F.quantize(x, "fp8e4m3")
     assert torch.equal(q8.row_scale, (amax.double() / 448.0).float())
+
+
+@triton.jit
+def _rows_dot_kernel(p_ptr, rs_ptr, bs_ptr, va_ptr, vb_ptr, ya_ptr, yb_ptr,
+                     BR: tl.constexpr, N: tl.constexpr):
+    rows = tl.arange(0, BR)
+    ya, yb = rows_dot(p_ptr, rs_ptr, bs_ptr, rows, rows < BR, va_ptr, vb_ptr, va_ptr,
+                      4, BR, N, True, False)
+    tl.store(ya_ptr + rows, ya)
+    tl.store(yb_ptr + rows, yb)
+
+
+@pytest.mark.parametrize("vec_scale", [1.0, 3e30, 1e-30, 2.0 ** -140, 0.0, "inf", "nan"])
+def test_nvfp4_rows_dot_matches_float64(vec_scale):
+    """The NVFP4 row dot decodes E2M1 codes as value * 2^-126 and scales the vector by a power
+    of two instead (``pow2_prescale``): over the whole float range of the vector (huge, tiny,
+    subnormal, zero, with inf or NaN) it must equal the float64 dot of the dequantized rows
+    up to float32 rounding, and propagate inf / NaN like the dequantized product."""
+    g = torch.Generator().manual_seed(7)
+    BR, n = 8, 64
+    x = torch.randn(BR, n, generator=g) * torch.logspace(-3, 3, BR)[:, None]
+    q = F.quantize(x, "nvfp4")
+    S = F.dequantize(q).double()
+    va = torch.randn(n, generator=g)
+    vb = torch.randn(n, generator=g) * 1e3
+    if isinstance(vec_scale, str):
+        va[5] = float(vec_scale)
+    else:
+        va = va * vec_scale
+    ya, yb = (torch.full((BR,), -7.0) for _ in range(2))  # poisoned
+    _rows_dot_kernel[(1,)](q.data.contiguous(), q.row_scale.contiguous(),
+                           q.block_scale.contiguous(), va, vb, ya, yb, BR=BR, N=n)
+    for y, v in ((ya, va), (yb, vb)):
+        want = S @ v.double()
+        fin = torch.isfinite(want)
+        assert torch.equal(torch.isnan(y), torch.isnan(want))
+        assert torch.equal(y[~fin & ~torch.isnan(want)], want[~fin & ~torch.isnan(want)].float())
+        mag = (S.abs() @ v.double().abs())[fin]
+        # a vector of subnormals: products are rounded at the subnormal spacing 2^-149 before
+        # the block and row scales (and the prescale's 2^1) multiply them
+        eff = (q.block_scale.double() * q.row_scale.double()[:, None]).amax(1)[fin]
+        tol = 1e-6 * mag + n * 2.0 ** -148 * eff + 4 * 2.0 ** -149  # + the output's own spacing
+        assert ((y[fin].double() - want[fin]).abs() <= tol).all(), (y, want)

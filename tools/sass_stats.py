@@ -8,6 +8,7 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
     python tools/sass_stats.py mamba2-flush --preset replay-fp32 --block 32 --warps 4
     python tools/sass_stats.py mamba2-nonflush --preset nvfp4-read/fp32 --block 64 --warps 4
+    python tools/sass_stats.py gdn-nonflush --preset nvfp4-read/fp16-sr --block 64 --warps 2
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
 Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
@@ -60,7 +61,8 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
-def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop") -> tuple:
+def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
+           fold: str = "dot") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset."""
     cfg = PRESETS[preset]
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
@@ -136,7 +138,7 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop") 
         sig.update(_sig("list_ptr fi_ptr nan_ptr", types, "*fp32"))
         sig.update(seed="i32", layer="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
-                      RD_FMT=rd, SR=sr, HAS_D=True, BPF=block)
+                      RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records")
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -156,6 +158,44 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop") 
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
                       HAS_D=True, BP=block, LUT=False)
         return km._mamba2_nonflush_kernel, sig, consts
+    if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; gdn-nonflush needs a ReplaySSM preset")
+        src = rd if rd != FMT_NONE else ck
+        data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
+                FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
+        types = dict(act, slots_ptr="*i32", cur_ptr="*i32", kr_ptr="*bf16", vr_ptr="*bf16",
+                     src_ptr=data.get(src, "*fp32"), src_bs_ptr="*fp8e4nv")
+        sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr slots_ptr o_ptr src_ptr src_rs_ptr "
+                   "src_bs_ptr", types, "*fp32")
+        sig.update(s_src="i64", s_srcrs="i64", s_srcbs="i64")
+        sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
+        sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
+        sig.update(_sig("cur_ptr kd_ptr lut_ptr", types, "*fp32"))
+        consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
+                      SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False)
+        return kg._gdn_nonflush_kernel, sig, consts
+    if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; gdn-flush needs a ReplaySSM preset")
+        data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
+                FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
+        types = dict(act, slots_ptr="*i32", list_ptr="*i32", fi_ptr="*i32", nan_ptr="*i32",
+                     kr_ptr="*bf16", vr_ptr="*bf16", ck_ptr=data.get(ck, "*fp32"),
+                     rd_ptr=data.get(rd, "*fp32"), ck_bs_ptr="*fp8e4nv", rd_bs_ptr="*fp8e4nv")
+        sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr slots_ptr o_ptr ck_ptr ck_rs_ptr ck_bs_ptr",
+                   types, "*fp32")
+        sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
+        sig.update(_sig("rd_ptr rd_rs_ptr rd_bs_ptr", types, "*fp32"))
+        sig.update(s_rd="i64", s_rdrs="i64", s_rdbs="i64")
+        sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
+        sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
+        sig.update(_sig("kd_ptr ti_ptr list_ptr fi_ptr nan_ptr", types, "*fp32"))
+        sig.update(seed="i32", layer="i32")
+        consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
+                      CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
+                      RECORDS=fold == "records")
+        return kg._gdn_flush_kernel, sig, consts
     raise SystemExit(f"unknown target {name!r}")
 
 
@@ -272,13 +312,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
-                                       "mamba2-verify", "mamba2-flush", "mamba2-nonflush"])
+                                       "mamba2-verify", "mamba2-flush", "mamba2-nonflush",
+                                       "gdn-nonflush", "gdn-flush"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--solve", choices=["loop", "ut"], default="loop",
                     help="gdn-verify: gdn_verify's draft_solve")
+    ap.add_argument("--fold", choices=["dot", "records"], default="dot",
+                    help="mamba2-flush / gdn-flush: the decode step's flush_fold")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
                     help="also the N source lines with the most barriers / spills in the main "
@@ -287,7 +330,7 @@ def main() -> None:
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
-    fn, sig, consts = target(a.target, a.preset, a.block, solve=a.solve)
+    fn, sig, consts = target(a.target, a.preset, a.block, solve=a.solve, fold=a.fold)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0)
     if a.json:
         print(json.dumps(s, indent=1))

@@ -375,12 +375,25 @@ def store_rows(S, r, base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: t
 
 
 @triton.jit
-def e2m1_value_fast(p):
-    """Low nibble of p (int32) -> fp32 E2M1 value in 5 integer ops and one multiply: the
-    3 magnitude bits land in the fp32 exponent/mantissa fields unbiased, which is exactly the
-    value times 2^-126 (idx 1 becomes the subnormal 2^-127), then one exact scaling."""
-    bits = ((p & 7) << 22) | ((p & 8) << 28)
-    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37
+def e2m1_word_scaled(w, i: tl.constexpr):
+    """Nibble i of int32 words w -> its E2M1 value times 2^-126, in three integer ops:
+    shifting the nibble to the top and back by 6 (arithmetic) puts its magnitude bits in the
+    fp32 exponent / mantissa fields unbiased and copies its sign into bit 31 (code 1 becomes
+    the subnormal 2^-127). The caller scales the other factor instead (``pow2_prescale``)."""
+    t = (w << (28 - 4 * i)) >> 6
+    return (t & -0x7E400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pow2_prescale(v_ptr, N: tl.constexpr):
+    """A power of two ``s`` that brings max |v| near 2^64 (1 for huge, inf or NaN entries),
+    and ``2^126 / s``. Products of ``v * s`` with E2M1 values times 2^-126 then stay normal
+    floats down to 2^-67 of the largest product, so the dot product is the fp32 one up to
+    reduction order, without a multiply per decoded element."""
+    m = tl.max(tl.abs(tl.load(v_ptr + tl.arange(0, N)).to(tl.float32)), 0)
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    se = tl.minimum(tl.maximum(318 - e, 127), 252)
+    return (se << 23).to(tl.float32, bitcast=True), ((380 - se) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -400,28 +413,49 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
     if FMT == 4:
         NB: tl.constexpr = N // 16
         blk = tl.arange(0, NB)
-        e8 = tl.arange(0, 8)
-        p = tl.load(base + rows[:, None, None] * (N // 2) + blk[None, :, None] * 8
-                    + e8[None, None, :], mask=mask_r[:, None, None], other=0).to(tl.int32)
         if LUT:
+            e8 = tl.arange(0, 8)
+            p = tl.load(base + rows[:, None, None] * (N // 2) + blk[None, :, None] * 8
+                        + e8[None, None, :], mask=mask_r[:, None, None], other=0).to(tl.int32)
             lo = e2m1_lut_value(p & 15, lut_ptr)
             hi = e2m1_lut_value(p >> 4, lut_ptr)
+            ev = 2 * (blk[:, None] * 8 + e8[None, :])
+            ae = tl.load(va_ptr + ev).to(tl.float32)
+            ao = tl.load(va_ptr + ev + 1).to(tl.float32)
+            pa = tl.sum(lo * ae[None] + hi * ao[None], axis=2)
+            if TWO:
+                be = tl.load(vb_ptr + ev).to(tl.float32)
+                bo = tl.load(vb_ptr + ev + 1).to(tl.float32)
+                pb = tl.sum(lo * be[None] + hi * bo[None], axis=2)
+            else:
+                pb = pa
         else:
-            lo = e2m1_value_fast(p)
-            hi = e2m1_value_fast(p >> 4)
-        ev = 2 * (blk[:, None] * 8 + e8[None, :])
-        ae = tl.load(va_ptr + ev).to(tl.float32)
-        ao = tl.load(va_ptr + ev + 1).to(tl.float32)
+            # each thread reads 16-byte runs of int32 words; nibble i of word wi is element
+            # 8 wi + i, and two consecutive words are one block
+            WN: tl.constexpr = N // 8
+            wi = tl.arange(0, WN)
+            w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
+                        mask=mask_r[:, None], other=0)
+            sa, ca = pow2_prescale(va_ptr, N)
+            aa = tl.zeros((BR, WN), dtype=tl.float32)
+            ab = tl.zeros((BR, WN), dtype=tl.float32)
+            if TWO:
+                sb, cb = pow2_prescale(vb_ptr, N)
+            for i in tl.static_range(8):
+                v = e2m1_word_scaled(w, i)
+                aa += v * (tl.load(va_ptr + 8 * wi + i).to(tl.float32) * sa)[None, :]
+                if TWO:
+                    ab += v * (tl.load(vb_ptr + 8 * wi + i).to(tl.float32) * sb)[None, :]
+            pa = tl.sum(tl.reshape(aa, (BR, NB, 2)), axis=2) * ca
+            if TWO:
+                pb = tl.sum(tl.reshape(ab, (BR, NB, 2)), axis=2) * cb
+            else:
+                pb = pa
         bs = tl.load(bscale_base + rows[:, None] * NB + blk[None, :], mask=mask_r[:, None],
                      other=0.0).to(tl.float32)
         rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
-        ya = tl.sum(tl.sum(lo * ae[None] + hi * ao[None], axis=2) * bs, axis=1) * rs
-        if TWO:
-            be = tl.load(vb_ptr + ev).to(tl.float32)
-            bo = tl.load(vb_ptr + ev + 1).to(tl.float32)
-            yb = tl.sum(tl.sum(lo * be[None] + hi * bo[None], axis=2) * bs, axis=1) * rs
-        else:
-            yb = ya
+        ya = tl.sum(pa * bs, axis=1) * rs
+        yb = tl.sum(pb * bs, axis=1) * rs if TWO else ya
         return ya, yb
     else:
         n = tl.arange(0, N)

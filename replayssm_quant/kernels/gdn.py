@@ -29,10 +29,12 @@ from .common import (
 from .mamba2 import (
     _flush_warps,
     _fmt,
+    _records,
     _state_args,
     advance_cursor,
     flush_list,
     flush_programs,
+    nonflush_warps,
 )
 
 
@@ -214,7 +216,7 @@ def _gdn_flush_kernel(
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
-    BVF: tl.constexpr, STAGES: tl.constexpr = None,
+    BVF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
     the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
@@ -260,12 +262,31 @@ def _gdn_flush_kernel(
             X = br[None, :] * (Vrf - tl.exp(cum)[None, :] * SK)
             TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
             Uf = tl.dot(X, TI, input_precision="ieee")
-        else:
+        elif not RECORDS:
             Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
                          mask=mj[None, :] & mvf[:, None], other=0.0)
-        wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
-        uf = beta * (vf - wf)
-        Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision="ieee")
+        if RECORDS and not RECOMPUTE:  # rank-1 updates, newest record first (suffix sums
+            # of g give the decays), each record's u and key straight from the ring
+            sfx = gt
+            upd = tl.zeros((BVF, K), dtype=tl.float32)
+            wr = tl.zeros((BVF,), dtype=tl.float32)
+            kd_row = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+            for t in tl.static_range(L - 1):
+                jj = L - 2 - t
+                dj = tl.exp(sfx)
+                uj = tl.load(ur_ptr + slot * s_ur + (h * CAP + jj) * V + vvf, mask=mvf,
+                             other=0.0) * dj
+                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + jj) * K + kk).to(tl.float32)
+                upd += uj[:, None] * kj[None, :]
+                wr += uj * tl.load(kd_row + jj)
+                sfx += tl.load(gr_ptr + slot * s_gr + h * CAP + jj)
+            wf = G * tl.sum(Sf * k[None, :], axis=1) + wr
+            uf = beta * (vf - wf)
+            Sf = G * Sf + upd
+        else:
+            wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
+            uf = beta * (vf - wf)
+            Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision="ieee")
         Sf = Sf + uf[:, None] * k[None, :]
         of = tl.sum(Sf * q[None, :], axis=1)
         tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
@@ -308,7 +329,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     advance: bool = True, num_warps: int | None = None,
                     flush_block_v: int | None = None,
                     flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
-                    flush_stages: int | None = None,
+                    flush_stages: int | None = None, flush_fold: str | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
@@ -319,10 +340,10 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
     # tuned at batch 256 on the H200 (reports/kernels): conventional 32 rows / 8 warps,
-    # ReplaySSM non-flush 64 rows / 4 warps
+    # ReplaySSM non-flush 64 rows / 4 warps (1 warp reading an fp8 or NVFP4 copy)
     conv = cache.capacity == 0
     BV = block_v or min(triton.next_power_of_2(V), 32 if conv else 64)
-    num_warps = num_warps or (8 if conv else 4)
+    num_warps = num_warps or (8 if conv else nonflush_warps(cfg))
     grid = (Bsz, HV, triton.cdiv(V, BV))
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:
@@ -355,7 +376,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            STAGES=flush_stages, num_warps=flush_warps or _flush_warps(cfg))
+            RECORDS=_records(flush_fold), STAGES=flush_stages,
+            num_warps=flush_warps or _flush_warps(cfg))
     if advance:
         advance_cursor(cache, slots)
     return o

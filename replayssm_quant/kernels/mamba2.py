@@ -193,7 +193,7 @@ def _mamba2_flush_kernel(
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
-    BPF: tl.constexpr, STAGES: tl.constexpr = None,
+    BPF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
     flush list. Each tile folds the L-1 buffered records and the current token into the
@@ -219,15 +219,28 @@ def _mamba2_flush_kernel(
                        ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
         dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
         A = tl.load(A_ptr + h).to(tl.float32)
-        w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, L - 1, dt, A, CAP, LB)
-        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                     mask=mj[:, None], other=0.0).to(tl.float32)
-        xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
-                      mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
         xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
         Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
         Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
-        updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision="ieee")
+        if RECORDS:  # rank-1 updates, newest record first: the decay since record j is a
+            # suffix sum of dt, and each record's x and B come straight from the ring
+            total = dt
+            updf = tl.zeros((BPF, N), dtype=tl.float32)
+            for t in tl.static_range(L - 1):
+                jj = L - 2 - t
+                dj = tl.load(dtr_ptr + slot * s_dtr + h * CAP + jj)
+                xj = tl.load(xr_ptr + slot * s_xr + (h * CAP + jj) * P + pf, mask=mpf,
+                             other=0.0).to(tl.float32)
+                Bj = tl.load(Br_ptr + slot * s_Br + (g * CAP + jj) * N + n).to(tl.float32)
+                updf += (tl.exp(A * total) * dj * xj)[:, None] * Bj[None, :]
+                total += dj
+        else:
+            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, L - 1, dt, A, CAP, LB)
+            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                         mask=mj[:, None], other=0.0).to(tl.float32)
+            xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
+                          mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
+            updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision="ieee")
         Sf = tl.exp(A * total) * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
         yf = tl.sum(Sf * Cv[None, :], axis=1)
         if HAS_D:
@@ -304,9 +317,10 @@ def _block_p(P: int, N: int) -> int:
 
 
 def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
-                       advance: bool = True, num_warps: int = 4, flush_block_p: int | None = None,
+                       advance: bool = True, num_warps: int | None = None,
+                       flush_block_p: int | None = None,
                        flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
-                       flush_stages: int | None = None,
+                       flush_stages: int | None = None, flush_fold: str | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -329,7 +343,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         _mamba2_conv_kernel[grid](
             x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
             cache.seed, cache.layer, H=H, P=P, N=N, G=G, CK_FMT=_fmt(cache.ckpt),
-            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, num_warps=num_warps)
+            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, num_warps=num_warps or 4)
         if advance:
             advance_cursor(cache, slots)
         return y
@@ -346,8 +360,9 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
         slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, num_warps=num_warps)
-    BPF = min(flush_block_p or 32, triton.next_power_of_2(P))
+        BP=BP, LUT=lut, num_warps=num_warps or nonflush_warps(cfg))
+    fold, fblock, fwarps = mamba2_flush_knobs(cfg)
+    BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
@@ -355,7 +370,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
-        num_warps=flush_warps or _flush_warps(cfg))
+        RECORDS=_records(flush_fold or fold), num_warps=flush_warps or fwarps)
     if advance:
         advance_cursor(cache, slots)
     return y
@@ -376,6 +391,49 @@ def _flush_warps(cfg) -> int:
     """Warps per flush program (tuned on the H200 at batch 256, reports/kernels): 8 when the
     checkpoint takes SR (the Philox words and the rounding spill at 4 warps), else 4."""
     return 8 if cfg.uses_sr else 4
+
+
+def nonflush_warps(cfg) -> int:
+    """Warps per non-flush program: 1 when the step reads an fp8 or NVFP4 copy. Those
+    programs are bound by instruction issue (decode, scaling) rather than bytes, and one warp
+    per head gives each thread 4x the elements over the same per-program work; on the H200
+    at batch 256 the NVFP4 step took 84 instead of 175 us on Nemotron-3-Super, 69 instead
+    of 168 on Qwen3.5-4B (reports/kernels/tune_r11_nvfp4.log, tune_r12_nonflush.log).
+    Wider sources keep 4 warps."""
+    src = cfg.read or cfg.ckpt
+    return 1 if src.name == "nvfp4" or src.name.startswith("fp8") else 4
+
+
+# Mamba-2 flush knobs (fold, tile rows, warps) measured fastest on the H200 at batch 256 for
+# Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log), keyed by
+# (checkpoint format, SR, read-copy format); other configs keep (dot, 32, _flush_warps).
+MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
+    ("fp32", False, "nvfp4"): ("records", 16, 8),
+    ("fp32", False, "fp8e4m3"): ("records", 16, 8),
+    ("fp16", True, "nvfp4"): ("dot", 16, 4),
+    ("fp8e4m3", True, "nvfp4"): ("records", 16, 4),
+    ("fp8e4m3", False, None): ("dot", 16, 4),
+}
+
+
+def mamba2_flush_knobs(cfg) -> tuple[str, int, int]:
+    """(flush_fold, flush tile rows, flush warps) defaults for a config."""
+    key = (cfg.ckpt.name, cfg.uses_sr, cfg.read.name if cfg.read is not None else None)
+    return MAMBA2_FLUSH_KNOBS.get(key, ("dot", 32, _flush_warps(cfg)))
+
+
+FLUSH_FOLDS = ("dot", "records")
+
+
+def _records(flush_fold: str | None) -> bool:
+    """``flush_fold``: how a flush folds the window into the checkpoint. ``"dot"`` (default)
+    stages the window's records as matrices and folds them with one fp32 ``tl.dot``;
+    ``"records"`` adds one rank-1 update per record, newest first, loading each record's
+    vectors from the ring (no shared-memory staging, fewer registers)."""
+    fold = flush_fold or "dot"
+    if fold not in FLUSH_FOLDS:
+        raise ValueError(f"flush_fold must be one of {FLUSH_FOLDS}, got {flush_fold!r}")
+    return fold == "records"
 
 
 def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None) -> int:
