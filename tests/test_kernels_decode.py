@@ -237,15 +237,24 @@ def test_flush_pipelining_only_for_plain_fp32_checkpoints():
 
 
 def test_launch_defaults_follow_the_measured_table():
-    """Non-flush programs take one warp when they read an fp8 / NVFP4 copy; the Mamba-2
-    flush knobs come from the measured table, and configs outside it keep the plain
-    defaults."""
-    from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, nonflush_warps
+    """Step programs: one warp when they read an fp8 / NVFP4 copy, small SR tiles for the
+    conventional step; the Mamba-2 flush knobs come from the measured table, and configs
+    outside it keep the plain defaults."""
+    from replayssm_quant.kernels.gdn import gdn_step_knobs
+    from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, mamba2_step_knobs
 
-    assert nonflush_warps(PRESETS["replay-fp32"]) == 4
+    assert mamba2_step_knobs(PRESETS["replay-fp32"], 64, 128) == (64, 2)
+    assert mamba2_step_knobs(PRESETS["replay-fp32"], 80, 128) == (32, 1)
+    assert mamba2_step_knobs(PRESETS["fp32"], 64, 128) == (64, 4)
+    assert mamba2_step_knobs(PRESETS["fp16-sr"], 64, 128) == (8, 2)
+    assert gdn_step_knobs(PRESETS["fp32"], 128) == (32, 8)
+    assert gdn_step_knobs(PRESETS["fp16-sr"], 128) == (8, 2)
+    assert gdn_step_knobs(PRESETS["bf16-sr"], 128) == (32, 8)
+    assert gdn_step_knobs(PRESETS["replay-fp32"], 128) == (32, 2)
     for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8", "shared-nvfp4",
                  "fp8-read/fp32"):
-        assert nonflush_warps(PRESETS[name]) == 1, name
+        assert mamba2_step_knobs(PRESETS[name], 64, 128) == (64, 1), name
+        assert gdn_step_knobs(PRESETS[name], 128) == (64, 1), name
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 16, 4)
     assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 32, 4)
     custom = replace(PRESETS["nvfp4-read/fp16-sr"], ckpt=F.canonical_format("bf16"))

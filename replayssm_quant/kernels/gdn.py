@@ -34,7 +34,7 @@ from .mamba2 import (
     advance_cursor,
     flush_list,
     flush_programs,
-    nonflush_warps,
+    reads_narrow_copy,
 )
 
 
@@ -301,6 +301,18 @@ def _gdn_flush_kernel(
         tl.atomic_add(nan_ptr, nans)
 
 
+def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
+    """(value rows, warps) per program of the conventional / non-flush step, measured on the
+    H200 at batch 256 (reports/kernels): conventional 32 rows / 8 warps, 8 / 2 with fp16 SR
+    (Qwen3.5-122B 624 -> 588 us, ``tune_r14_small_tiles.log``); non-flush 32 rows / 2 warps
+    (Qwen3.5-4B 170 -> 166 us, same log), 64 rows / 1 warp reading an fp8 or NVFP4 copy
+    (NVFP4 on Qwen3.5-4B 168 -> 69 us, ``tune_r11_nvfp4.log``)."""
+    vp = triton.next_power_of_2(V)
+    if cfg.L == 1:
+        return (min(vp, 8), 2) if cfg.uses_sr and cfg.ckpt.name == "fp16" else (min(vp, 32), 8)
+    return (min(vp, 64), 1) if reads_narrow_copy(cfg) else (min(vp, 32), 2)
+
+
 def _check(cache: ReplayCache, q, k, v, g, beta, slots):
     if cache.kind != "gdn":
         raise ValueError(f"expected a gdn cache, got {cache.kind}")
@@ -339,11 +351,9 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     cfg = cache.cfg
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
-    # tuned at batch 256 on the H200 (reports/kernels): conventional 32 rows / 8 warps,
-    # ReplaySSM non-flush 64 rows / 4 warps (1 warp reading an fp8 or NVFP4 copy)
-    conv = cache.capacity == 0
-    BV = block_v or min(triton.next_power_of_2(V), 32 if conv else 64)
-    num_warps = num_warps or (8 if conv else nonflush_warps(cfg))
+    kb, kw = gdn_step_knobs(cfg, V)
+    BV = block_v or kb
+    num_warps = num_warps or kw
     grid = (Bsz, HV, triton.cdiv(V, BV))
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:

@@ -335,7 +335,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     cfg = cache.cfg
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
-    BP = block_p or _block_p(P, N)
+    kb, kw = mamba2_step_knobs(cfg, P, N)
+    BP = block_p or kb
     grid = (Bsz, H, triton.cdiv(P, BP))
     d = D if D is not None else A
     ck = _state_args(cache.ckpt, slots)
@@ -343,7 +344,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         _mamba2_conv_kernel[grid](
             x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
             cache.seed, cache.layer, H=H, P=P, N=N, G=G, CK_FMT=_fmt(cache.ckpt),
-            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, num_warps=num_warps or 4)
+            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, num_warps=num_warps or kw)
         if advance:
             advance_cursor(cache, slots)
         return y
@@ -360,7 +361,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
         slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, num_warps=num_warps or nonflush_warps(cfg))
+        BP=BP, LUT=lut, num_warps=num_warps or kw)
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
@@ -393,15 +394,27 @@ def _flush_warps(cfg) -> int:
     return 8 if cfg.uses_sr else 4
 
 
-def nonflush_warps(cfg) -> int:
-    """Warps per non-flush program: 1 when the step reads an fp8 or NVFP4 copy. Those
-    programs are bound by instruction issue (decode, scaling) rather than bytes, and one warp
-    per head gives each thread 4x the elements over the same per-program work; on the H200
-    at batch 256 the NVFP4 step took 84 instead of 175 us on Nemotron-3-Super, 69 instead
-    of 168 on Qwen3.5-4B (reports/kernels/tune_r11_nvfp4.log, tune_r12_nonflush.log).
-    Wider sources keep 4 warps."""
+def reads_narrow_copy(cfg) -> bool:
+    """Whether a ReplaySSM non-flush step reads an fp8 or NVFP4 state (its read copy, or a
+    narrow checkpoint when there is none)."""
     src = cfg.read or cfg.ckpt
-    return 1 if src.name == "nvfp4" or src.name.startswith("fp8") else 4
+    return src.name == "nvfp4" or src.name.startswith("fp8")
+
+
+def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
+    """(head-dim rows, warps) per program of the conventional / non-flush step, measured on
+    the H200 at batch 256 (reports/kernels):
+
+    * conventional step with SR: 8 rows, 2 warps (Philox and the rounding are the work; fp16-SR
+      on Nemotron-3-Super 795 -> 596 us, bf16-SR 562 -> 424 us, ``tune_r14_small_tiles.log``);
+    * non-flush step reading an fp8 / NVFP4 copy: one warp per tile, which is bound by
+      instruction issue, not bytes (NVFP4 on Super 175 -> 84 us, ``tune_r11_nvfp4.log``);
+    * otherwise ``_block_p`` rows, and for the non-flush step one warp per 32 rows
+      (Nemotron-3-Nano-4B 300 -> 280 us, ``tune_r14_small_tiles.log``)."""
+    bp = _block_p(P, N)
+    if cfg.L == 1:
+        return (min(8, triton.next_power_of_2(P)), 2) if cfg.uses_sr else (bp, 4)
+    return (bp, 1) if reads_narrow_copy(cfg) else (bp, max(1, bp // 32))
 
 
 # Mamba-2 flush knobs (fold, tile rows, warps) measured fastest on the H200 at batch 256 for
