@@ -79,6 +79,29 @@ def test_compiles_with_the_launch_specialization():
     assert sig["rd_ptr"] == "*u8" and sig["ck_ptr"] == "*fp16" and consts["L"] == 16
     fn, sig, consts = mod.target("mamba2-nonflush", "nvfp4-read/fp32", 64)
     assert sig["src_ptr"] == "*u8" and consts["BP"] == 64
+    fn, sig, consts = mod.target("gdn-flush", "replay-fp32", 32, fold="records")
+    assert consts["RECORDS"] and consts["BVF"] == 32
+
+
+@pytest.mark.parametrize("name,preset", [
+    ("emulate-gdn-conv", "bf16-sr"), ("emulate-gdn-window", "nvfp4-read/fp16-sr"),
+    ("gdn-verify", "replay-fp32"), ("mamba2-verify", "nvfp4-read/fp16-sr"),
+    ("mamba2-flush", "nvfp4-read/fp8-sr"), ("mamba2-nonflush", "shared-fp8"),
+    ("gdn-nonflush", "nvfp4-read/fp32"), ("gdn-flush", "nvfp4-read/fp16-sr"),
+    ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32")])
+def test_every_target_names_every_kernel_argument(name, preset):
+    """A target's signature + constexprs cover every argument of its kernel that has no
+    default (a kernel that gains an argument must gain it here too)."""
+    import inspect
+
+    mod = _module()
+    fn, sig, consts = mod.target(name, preset, 16)
+    params = inspect.signature(fn.fn).parameters.values()
+    given = set(sig) | set(consts)
+    missing = [p.name for p in params
+               if p.name not in given and p.default is inspect.Parameter.empty]
+    assert not missing, missing
+    assert not given - {p.name for p in params}
 
 
 def test_refuses_the_interpreter_and_wrong_presets():

@@ -8,7 +8,9 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
     python tools/sass_stats.py mamba2-flush --preset replay-fp32 --block 32 --warps 4
     python tools/sass_stats.py mamba2-nonflush --preset nvfp4-read/fp32 --block 64 --warps 4
-    python tools/sass_stats.py gdn-nonflush --preset nvfp4-read/fp16-sr --block 64 --warps 2
+    python tools/sass_stats.py gdn-nonflush --preset nvfp4-read/fp16-sr --block 64 --warps 1
+    python tools/sass_stats.py gdn-flush --preset replay-fp32 --block 32 --warps 4 --fold records
+    python tools/sass_stats.py gdn-conv --preset fp32 --block 32 --warps 8
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
 Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
@@ -196,6 +198,29 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
                       RECORDS=fold == "records")
         return kg._gdn_flush_kernel, sig, consts
+    if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
+        if cfg.L != 1:
+            raise SystemExit(f"{preset} is windowed; {name} needs a conventional preset")
+        data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
+                FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
+        types = dict(act, slots_ptr="*i32", fi_ptr="*i32", nan_ptr="*i32",
+                     ck_ptr=data.get(ck, "*fp32"), ck_bs_ptr="*fp8e4nv", x_ptr="*bf16",
+                     B_ptr="*bf16", C_ptr="*bf16")
+        if name == "gdn-conv":
+            sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr slots_ptr o_ptr ck_ptr ck_rs_ptr "
+                       "ck_bs_ptr", types, "*fp32")
+            sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
+            sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
+            sig.update(seed="i32", layer="i32")
+            return kg._gdn_conv_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, CK_FMT=ck, SR=sr,
+                                                  BV=block)
+        sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr ck_ptr ck_rs_ptr "
+                   "ck_bs_ptr", types, "*fp32")
+        sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
+        sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
+        sig.update(seed="i32", layer="i32")
+        return km._mamba2_conv_kernel, sig, dict(H=128, P=64, N=128, G=8, CK_FMT=ck, SR=sr,
+                                                 HAS_D=True, BP=block)
     raise SystemExit(f"unknown target {name!r}")
 
 
@@ -313,7 +338,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
                                        "mamba2-verify", "mamba2-flush", "mamba2-nonflush",
-                                       "gdn-nonflush", "gdn-flush"])
+                                       "gdn-nonflush", "gdn-flush", "gdn-conv", "mamba2-conv"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
