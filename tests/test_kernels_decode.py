@@ -149,6 +149,22 @@ def test_records_flush_fold_matches_reference(kind, name):
     assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
 
 
+def test_misaligned_nvfp4_state_is_refused():
+    """NVFP4 rows are read as int32 words: a cache cut at an odd byte offset is refused
+    instead of faulting on the device."""
+    from replayssm_quant.kernels.cache import StateTensors
+
+    cfg = PRESETS["nvfp4-read/fp32"]
+    cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))
+    raw = torch.zeros(cache.read.data.numel() + 1, dtype=torch.uint8)
+    cache.read = StateTensors("nvfp4", raw[1:].view(cache.read.data.shape),
+                              cache.read.row_scale, cache.read.block_scale)
+    x, dt = torch.randn(1, 4, 16), torch.rand(1, 4)
+    A, B = -torch.rand(4), torch.randn(1, 2, 32)
+    with pytest.raises(ValueError, match="4-byte boundary"):
+        mamba2_decode_step(cache, x, dt, A, B, B, None, torch.zeros(1, dtype=torch.int32))
+
+
 def test_flush_fold_is_checked():
     cfg = PRESETS["replay-fp32"]
     cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))

@@ -275,6 +275,9 @@ def _advance_kernel(slots_ptr, cur_ptr, fi_ptr, L: tl.constexpr, BLOCK: tl.const
 def _state_args(st, slots_dummy: torch.Tensor):
     if st is None:
         return (slots_dummy, slots_dummy, slots_dummy, 0, 0, 0)
+    if st.fmt == "nvfp4" and (st.data.data_ptr() % 4 or slot_stride(st.data) % 4):
+        raise ValueError("NVFP4 state data must start on a 4-byte boundary with a slot stride "
+                         "divisible by 4 bytes: the kernels read it as int32 words")
     rs = st.row_scale if st.row_scale is not None else slots_dummy
     bs = st.block_scale if st.block_scale is not None else slots_dummy
     return (st.data, rs, bs, slot_stride(st.data),
