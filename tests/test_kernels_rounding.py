@@ -10,7 +10,13 @@ import triton
 import triton.language as tl
 
 from replayssm_quant import formats as F
-from replayssm_quant.kernels.common import philox, round_grid_rn_value, round_to, rows_dot
+from replayssm_quant.kernels.common import (
+    e2m1_rn_code,
+    philox,
+    round_grid_rn_value,
+    round_to,
+    rows_dot,
+)
 
 N = 4096
 
@@ -177,3 +183,33 @@ def test_nvfp4_rows_dot_matches_float64(vec_scale):
         eff = (q.block_scale.double() * q.row_scale.double()[:, None]).amax(1)[fin]
         tol = 1e-6 * mag + n * 2.0 ** -148 * eff + 4 * 2.0 ** -149  # + the output's own spacing
         assert ((y[fin].double() - want[fin]).abs() <= tol).all(), (y, want)
+
+
+@triton.jit
+def _e2m1_code_kernel(t_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, e2m1_rn_code(tl.load(t_ptr + i)))
+
+
+def test_e2m1_rn_code_matches_reference_codes():
+    """The direct RN E2M1 encoder against the reference (round onto the grid, NaN -> 0,
+    encode): every tie, both neighbours of each tie, both zeros, subnormals, saturation,
+    infinities, NaN and random values."""
+    grid = torch.tensor(F.E2M1_VALUES)
+    mids = (grid[1:] + grid[:-1]) / 2
+    edge = torch.cat([grid, mids, torch.nextafter(mids, torch.zeros_like(mids)),
+                      torch.nextafter(mids, torch.full_like(mids, 10.0)),
+                      torch.tensor([0.0, 1e-45, 1e-40, 5.9999, 6.0001, 7.0, 8.0, 1e30,
+                                    float("inf"), float("nan")])])
+    g = torch.Generator().manual_seed(3)
+    t = torch.cat([edge, -edge, torch.randn(4096, generator=g) * 3,
+                   torch.rand(1024, generator=g) * 1.2])
+    n = triton.next_power_of_2(t.numel())
+    t = torch.cat([t, torch.zeros(n - t.numel())])
+    out = torch.full((n,), -1, dtype=torch.int32)
+    _e2m1_code_kernel[(1,)](t, out, N=n)
+    v = F.round_elements(t, F.canonical_format("nvfp4"), "rn")
+    v = torch.where(torch.isnan(v), torch.zeros_like(v), v)
+    want = F.encode_e2m1(v).to(torch.int32)
+    bad = (out != want).nonzero().flatten()
+    assert bad.numel() == 0, [(t[i].item(), out[i].item(), want[i].item()) for i in bad[:8]]
