@@ -337,6 +337,7 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
         if cfg.label == "fp32":
             base = m["window_us"]
         row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
+        row["byte_bound_vs_conv_fp32"] = byte_bound(shape, cfg)
         rows.append(row)
         print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
               f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "
@@ -368,7 +369,8 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
                              L=1, window_us=t, nonflush_us=t, flush_us=t,
                              bytes_per_step=sb.window_average * batch,
                              bw_frac_window=sb.window_average * batch / (t * 1e-6) / bw,
-                             speedup_vs_conv_fp32=base / t if base else float("nan")))
+                             speedup_vs_conv_fp32=base / t if base else float("nan"),
+                             byte_bound_vs_conv_fp32=1.0))
             print(f"{sname:22s} B={batch:4d} FLA fused recurrent     {t:9.1f}us", flush=True)
     return rows
 
@@ -386,8 +388,15 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
     (out / "decode.md").write_text(markdown_table(rows, meta))
 
 
+def byte_bound(shape, cfg) -> float:
+    """The speed-up over the conventional FP32 step that the counted bytes allow: the ratio
+    of their window-average state bytes (``step_bytes``, ring included)."""
+    return step_bytes(PRESETS["fp32"], shape).window_average / step_bytes(cfg, shape).window_average
+
+
 def markdown_table(rows: list[dict], meta: dict) -> str:
-    """One table per (shape, batch): times, bandwidth fraction, ratio to conventional FP32."""
+    """One table per (shape, batch): times, bandwidth fraction, ratio to conventional FP32 and
+    the ratio the counted bytes allow."""
     lines = [f"# Decode-step kernels on {meta['device']}", "",
              f"Copy bandwidth measured in the same run: {meta['copy_bandwidth'] / 1e12:.3f} TB/s "
              f"(read + write). torch {meta['torch']}, Triton {meta['triton']}.",
@@ -395,16 +404,22 @@ def markdown_table(rows: list[dict], meta: dict) -> str:
     keys = sorted({(r["shape"], r["batch"]) for r in rows}, key=lambda k: (k[0], k[1]))
     for shape, batch in keys:
         lines += [f"## {shape}, batch {batch}", "",
-                  "| config | window us | non-flush us | flush us | bw (window) | vs conv FP32 |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "| config | window us | non-flush us | flush us | bw (window) | vs conv FP32 "
+                  "| bytes allow |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             if (r["shape"], r["batch"]) != (shape, batch):
                 continue
             lines.append(f"| {r['config']} | {r['window_us']:.1f} | {r['nonflush_us']:.1f} | "
                          f"{r['flush_us']:.1f} | {r.get('bw_frac_window', float('nan')):.2f} | "
-                         f"{r.get('speedup_vs_conv_fp32', float('nan')):.2f}x |")
+                         f"{r.get('speedup_vs_conv_fp32', float('nan')):.2f}x | "
+                         f"{_ratio(r.get('byte_bound_vs_conv_fp32'))} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _ratio(x) -> str:
+    return "-" if x is None or x != x else f"{x:.2f}x"
 
 
 if __name__ == "__main__":

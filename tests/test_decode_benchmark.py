@@ -1,0 +1,44 @@
+"""benchmarks/decode.py's tables: the 'bytes allow' column is the counted-byte ratio of the
+conventional FP32 step to the config (ring included), '-' where it does not apply."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from replayssm_quant.precision import PRESETS, SHAPES, step_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_byte_bound_column():
+    mod = _module()
+    shape = SHAPES["qwen3.5-4b"]
+    cfg = PRESETS["nvfp4-read/fp16-sr"]
+    want = step_bytes(PRESETS["fp32"], shape).window_average / step_bytes(cfg, shape).window_average
+    assert abs(mod.byte_bound(shape, cfg) - want) < 1e-12
+    assert 6.0 < mod.byte_bound(shape, cfg) < 6.2  # GDN's fp32 u ring caps it near 6.1x
+    assert abs(mod.byte_bound(shape, PRESETS["fp32"]) - 1.0) < 1e-12
+    rows = [dict(shape="qwen3.5-4b", batch=256, config="fp32", window_us=290.0, nonflush_us=290.0,
+                 flush_us=290.0, bw_frac_window=0.87, speedup_vs_conv_fp32=1.0,
+                 byte_bound_vs_conv_fp32=1.0),
+            dict(shape="qwen3.5-4b", batch=256, config=cfg.label, window_us=200.0,
+                 nonflush_us=70.0, flush_us=2200.0, bw_frac_window=0.2,
+                 speedup_vs_conv_fp32=1.45, byte_bound_vs_conv_fp32=want),
+            dict(shape="qwen3.5-4b", batch=256, config="verify T=8 replay-fp32",
+                 window_us=3900.0, nonflush_us=3900.0, flush_us=3900.0,
+                 speedup_vs_conv_fp32=0.07)]
+    md = mod.markdown_table(rows, dict(device="test", copy_bandwidth=4.2e12, torch="t",
+                                       triton="t", argv=["decode.py"]))
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert lines[0].endswith("| bytes allow |")
+    assert lines[1].endswith("| 1.00x |")
+    assert lines[2].endswith(f"| {want:.2f}x |")
+    assert lines[3].endswith("| - |")
