@@ -426,10 +426,12 @@ def e2m1_lut_value(code, lut_ptr):
 def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_ptr,
              FMT: tl.constexpr, BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,
              LUT: tl.constexpr):
-    """(S @ va, S @ vb) for BR stored state rows without materialising a dequantized tile
-    when the format is NVFP4: even and odd elements are the low and high nibbles of a byte,
-    so each half is dotted with the even / odd entries of the vector, and the per-16 block
-    scale multiplies the partial products (fp32 throughout). ``vb`` only when TWO."""
+    """(S @ va, S @ vb) for BR stored state rows (``vb`` only when TWO), fp32 throughout.
+
+    NVFP4 rows are never dequantized as a tile: the per-16 block scale multiplies each
+    block's partial dot product, and the row scale the row's. By default the codes come from
+    int32 words as value * 2^-126 (``e2m1_word_scaled``) against a vector prescaled by a power
+    of two (``pow2_prescale``); LUT reads each nibble's value from a 16-entry table instead."""
     if FMT == 4:
         NB: tl.constexpr = N // 16
         blk = tl.arange(0, NB)
