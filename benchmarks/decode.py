@@ -173,15 +173,22 @@ def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "
     return time_graph(lambda: w.step(cfg.L - 1, advance=False, **kw), reps) * 1e6
 
 
+def verify_workload(shape: ModelShape, batch: int, cfg, T: int, device: str = "cuda") -> Workload:
+    """A workload for the speculative verify: ring room for T drafts, row i at cursor i mod L."""
+    w = Workload(shape, batch, cfg, steps=T, spec=T - 1, device=device)
+    w.cache.cursor.copy_(torch.arange(w.cache.cursor.numel(), device=device) % cfg.L)
+    return w
+
+
 def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
                    device: str = "cuda", **kw) -> float:
-    """Microseconds of one speculative verify of T drafts (cursor at 0; the drafts are
-    appended to the ring, the cursor does not move, so every replay does the same work)."""
+    """Microseconds of one speculative verify of T drafts. Row i has i mod L committed
+    records in front of the drafts, as in steady decoding; the drafts are appended to the
+    ring and the cursor does not move, so every replay does the same work."""
     from replayssm_quant.kernels.gdn import gdn_verify
     from replayssm_quant.kernels.mamba2 import mamba2_verify
 
-    w = Workload(shape, batch, cfg, steps=T, spec=T - 1, device=device)
-    w.cache.cursor.zero_()
+    w = verify_workload(shape, batch, cfg, T, device)
     st = lambda key: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
     if shape.kind == "mamba2":
         x, dt, Bm, C = st("x"), st("dt"), st("Bm"), st("C")

@@ -38,6 +38,7 @@ from decode import (  # noqa: E402
     measure_flush,
     measure_verify,
     precompile,
+    verify_workload,
 )
 
 from replayssm_quant import formats as F  # noqa: E402
@@ -153,7 +154,7 @@ def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: in
     """Speculative verify of T drafts + commit against the reference, round by round from the
     same state (accepted counts vary per row, some rounds fold a window): worst output error
     of the verify and worst fraction of checkpoint elements that differ after the commit.
-    ``verify_kw`` go to ``gdn_verify`` (e.g. ``draft_solve``)."""
+    ``verify_kw`` go to the verify (e.g. ``chunk``)."""
     from dataclasses import replace
 
     from replayssm_quant.kernels.gdn import gdn_commit, gdn_verify
@@ -178,7 +179,8 @@ def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: in
         if shape.kind == "mamba2":
             a = mamba2_inputs(batch, T, H, P, N, G, generator=g, device=DEV)
             y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots)
-            y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots)
+            y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots,
+                              **verify_kw)
             mamba2.commit(ref, acc, slots, a["A"])
             mamba2_commit(cache, acc, a["A"], slots)
         else:
@@ -228,11 +230,10 @@ def verify_sweep(args) -> int:
     conventional FP32 step of the same shape and batch (the acceptance bar is 1.0)."""
     T = 3 if SMOKE else 8
     variants = [{"verify": {("block_p" if SHAPES[s].kind == "mamba2" else "block_v"): b,
-                            "num_warps": w}}
-                for s in args.shapes for b, w in itertools.product(args.vblocks, args.vwarps)]
-    variants += [{"verify": {"block_v": b, "num_warps": w, "draft_solve": "loop"}}
-                 for s in args.shapes if SHAPES[s].kind == "gdn"
-                 for b, w in itertools.product(args.vblocks, args.vwarps)]
+                            "num_warps": w, "chunk": kc, "dot_precision": pr}}
+                for s in args.shapes
+                for b, w, kc, pr in itertools.product(args.vblocks, args.vwarps, args.vchunks,
+                                                      args.vprecs)]
     jobs = [(s, PRESETS[c], kw, T, DEV) for s in args.shapes for c in VERIFY_CONFIGS
             for kw in variants if next(iter(kw["verify"])) == (
                 "block_p" if SHAPES[s].kind == "mamba2" else "block_v")]
@@ -263,8 +264,7 @@ def verify_kernel_times(shape, batch: int, cfg, T: int, reps: int = 5) -> dict:
     from replayssm_quant.kernels.gdn import gdn_verify
     from replayssm_quant.kernels.mamba2 import mamba2_verify
 
-    w = Workload(shape, batch, cfg, steps=T, spec=T - 1, device=DEV)
-    w.cache.cursor.zero_()
+    w = verify_workload(shape, batch, cfg, T, DEV)
     st = lambda key: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
     if shape.kind == "mamba2":
         x, dt, Bm, C = st("x"), st("dt"), st("Bm"), st("C")
@@ -305,6 +305,10 @@ def main() -> int:
                     help="sweep the speculative verify's tiles x warps (8 drafts) instead")
     ap.add_argument("--vblocks", type=int, nargs="*", default=[16, 32, 64])
     ap.add_argument("--vwarps", type=int, nargs="*", default=[4, 8])
+    ap.add_argument("--vchunks", type=int, nargs="*", default=[16, 32],
+                    help="state columns per product of the verify (its ``chunk``)")
+    ap.add_argument("--vprecs", nargs="*", default=["ieee"], choices=list(km.DOT_PRECISIONS),
+                    help="the verify's dot_precision values to sweep (and to check)")
     ap.add_argument("--profile", action="store_true",
                     help="with --verify: device time per kernel of the default verify (profiler)")
     ap.add_argument("--check", action="store_true", help="correctness checks first")
@@ -353,12 +357,11 @@ def main() -> int:
                 print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
                       f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
                       f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)
-            solves = ("loop", "ut") if SHAPES[sname].kind == "gdn" else ("loop",)
-            for cname, solve in itertools.product(("replay-fp32", "nvfp4-read/fp16-sr"), solves):
+            for cname, pr in itertools.product(("replay-fp32", "nvfp4-read/fp16-sr"), args.vprecs):
                 t0 = time.time()
-                kw = {"draft_solve": solve} if SHAPES[sname].kind == "gdn" else {}
-                r = check_spec(SHAPES[sname], PRESETS[cname], T=3 if SMOKE else 8, **kw)
-                print(f"checksp {sname:22s} {cname:20s} {solve:4s} verify y_rel "
+                r = check_spec(SHAPES[sname], PRESETS[cname], T=3 if SMOKE else 8,
+                               dot_precision=pr)
+                print(f"checksp {sname:22s} {cname:20s} {pr:6s} verify y_rel "
                       f"{r['y_rel']:.2e} ckpt differ after commit {r['ckpt_differ']:.2e} "
                       f"({time.time() - t0:.1f}s)", flush=True)
     if SMOKE:

@@ -17,11 +17,14 @@ from .test_kernels_decode import _clone, _close_state
 SLOTS = torch.tensor([1, 0, -1], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("kind,solve", [("mamba2", None), ("gdn", "loop"), ("gdn", "ut")])
-@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "shared-fp8"])
-def test_verify_commit_matches_reference(kind, solve, name):
-    cfg = replace(PRESETS[name], L=4)
-    T, rounds = 3, 4
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name,L,chunk", [("replay-fp32", 4, 16), ("nvfp4-read/fp16-sr", 4, 32),
+                                          ("shared-fp8", 4, 16), ("replay-fp32", 19, 32)])
+def test_verify_commit_matches_reference(kind, name, L, chunk):
+    """Chunk 16 splits the state product in two; L = 19 puts more than 16 committed records
+    in front of the drafts (two record chunks)."""
+    cfg = replace(PRESETS[name], L=L)
+    T, rounds = 3, 4 if L == 4 else 9
     g = torch.Generator().manual_seed(5)
     if kind == "mamba2":
         H, P, N, G = 4, 16, 32, 2
@@ -39,14 +42,14 @@ def test_verify_commit_matches_reference(kind, solve, name):
             a = mamba2_inputs(3, T, H, P, N, G, generator=g)
             y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
             y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS,
-                              block_p=16)
+                              block_p=16, chunk=chunk)
             mamba2.commit(ref, acc, SLOTS, a["A"])
             mamba2_commit(cache, acc, a["A"], SLOTS)
         else:
             a = gdn_inputs(3, T, HV, V, K, HK, generator=g)
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
             y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
-                           draft_solve=solve)
+                           block_v=16, chunk=chunk)
             gdn.commit(ref, acc, SLOTS)
             gdn_commit(cache, acc, SLOTS)
         v = SLOTS >= 0
@@ -65,10 +68,13 @@ def test_verify_commit_matches_reference(kind, solve, name):
                 assert torch.allclose(kk_[s, :, :c], rk[s, :, :c], rtol=1e-4, atol=1e-5), key
 
 
-def test_gdn_verify_checks_the_draft_solve():
+@pytest.mark.parametrize("kw,match", [({"chunk": 24}, "power of two"), ({"chunk": 8}, ">= 16"),
+                                      ({"block_v": 8}, "block_v"),
+                                      ({"dot_precision": "tf32"}, "dot_precision")])
+def test_gdn_verify_checks_its_knobs(kw, match):
     cfg = replace(PRESETS["replay-fp32"], L=4)
     ref = gdn.init_gdn_state(cfg, 2, 4, 16, 32, 2, spec_tokens=3, seed=2, layer=1)
     a = gdn_inputs(3, 3, 4, 16, 32, 2, generator=torch.Generator().manual_seed(1))
-    with pytest.raises(ValueError, match="draft_solve"):
+    with pytest.raises(ValueError, match=match):
         gdn_verify(cache_from_reference(ref), a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
-                   draft_solve="newton")
+                   **kw)

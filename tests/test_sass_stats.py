@@ -88,10 +88,12 @@ def test_compiles_with_the_launch_specialization():
     ("gdn-verify", "replay-fp32"), ("mamba2-verify", "nvfp4-read/fp16-sr"),
     ("mamba2-flush", "nvfp4-read/fp8-sr"), ("mamba2-nonflush", "shared-fp8"),
     ("gdn-nonflush", "nvfp4-read/fp32"), ("gdn-flush", "nvfp4-read/fp16-sr"),
-    ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32")])
+    ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32"), ("gdn-verify-prep", "replay-fp32"),
+    ("mamba2-verify-prep", "nvfp4-read/fp16-sr")])
 def test_every_target_names_every_kernel_argument(name, preset):
     """A target's signature + constexprs cover every argument of its kernel that has no
-    default (a kernel that gains an argument must gain it here too)."""
+    default, and every constexpr (compiling from source needs them even when defaulted): a
+    kernel that gains an argument must gain it here too."""
     import inspect
 
     mod = _module()
@@ -99,7 +101,8 @@ def test_every_target_names_every_kernel_argument(name, preset):
     params = inspect.signature(fn.fn).parameters.values()
     given = set(sig) | set(consts)
     missing = [p.name for p in params
-               if p.name not in given and p.default is inspect.Parameter.empty]
+               if p.name not in given and (p.default is inspect.Parameter.empty
+                                           or "constexpr" in str(p.annotation))]
     assert not missing, missing
     assert not given - {p.name for p in params}
 

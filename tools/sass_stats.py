@@ -63,8 +63,8 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
-def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
-           fold: str = "dot") -> tuple:
+def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
+           fold: str = "dot", precision: str = "tf32x3") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset."""
     cfg = PRESETS[preset]
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
@@ -97,12 +97,31 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
         sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
         sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
         sig.update(_sig("cur_ptr kd_ptr", types, "*fp32"))
-        consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), HV=HV, HK=HK, V=V, K=K,
+        tb2 = max(16, triton.next_power_of_2(2 * T))
+        consts = dict(T=T, TB2=tb2, HV=HV, HK=HK, V=V, K=K,
                       CAP=cap, LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block,
-                      UT=solve == "ut")
-        consts["LOG_TB"] = consts["TB"].bit_length() - 1
+                      KC=km.verify_chunk(K, chunk), LOG_TB2=tb2.bit_length() - 1, PREC=precision)
         return kg._gdn_verify_kernel, sig, consts
+    if name == "gdn-verify-prep":  # Qwen3.5-4B's GDN layer: the drafts' key / query products
+        cap = max(cfg.L, 2) + T - 1
+        types = dict(act, slots_ptr="*i32", cur_ptr="*i32", kr_ptr="*bf16")
+        sig = _sig("q_ptr k_ptr slots_ptr kr_ptr", types, "*fp32")
+        sig.update(s_kr="i64", **_sig("cur_ptr kd_ptr", types, "*fp32"))
+        consts = dict(T=T, TB2=max(16, triton.next_power_of_2(2 * T)), HK=16, K=128, CAP=cap,
+                      LB=max(16, triton.next_power_of_2(cap)), KC=km.verify_chunk(128, chunk),
+                      PREC=precision)
+        return kg._gdn_verify_prep_kernel, sig, consts
+    if name == "mamba2-verify-prep":  # Nemotron-3-Super's Mamba-2 layer: the drafts' C . B
+        cap = max(cfg.L, 2) + T - 1
+        types = {"B_ptr": "*bf16", "C_ptr": "*bf16", "slots_ptr": "*i32", "cur_ptr": "*i32",
+                 "Br_ptr": "*bf16"}
+        sig = _sig("B_ptr C_ptr slots_ptr Br_ptr", types, "*fp32")
+        sig.update(s_Br="i64", **_sig("cur_ptr cb_ptr", types, "*fp32"))
+        consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), G=8, N=128, CAP=cap,
+                      LB=max(16, triton.next_power_of_2(cap)), KC=km.verify_chunk(128, chunk),
+                      PREC=precision)
+        return km._mamba2_verify_prep_kernel, sig, consts
     if name == "mamba2-verify":  # Nemotron-3-Super's Mamba-2 layer
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; mamba2-verify needs a ReplaySSM preset")
@@ -119,7 +138,8 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
         sig.update(_sig("cur_ptr cb_ptr", types, "*fp32"))
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G, CAP=cap,
                       LB=max(16, triton.next_power_of_2(cap)),
-                      SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block)
+                      SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block,
+                      KC=km.verify_chunk(N, chunk), PREC=precision)
         return km._mamba2_verify_kernel, sig, consts
     if name == "mamba2-flush":  # Nemotron-3-Super's Mamba-2 layer, decode flush at L
         if cfg.L == 1:
@@ -140,7 +160,8 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
         sig.update(_sig("list_ptr fi_ptr nan_ptr", types, "*fp32"))
         sig.update(seed="i32", layer="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
-                      RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records")
+                      RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
+                      STAGES=km.flush_stages_for(cfg))
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -196,7 +217,7 @@ def target(name: str, preset: str, block: int, T: int = 8, solve: str = "loop",
         sig.update(seed="i32", layer="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
-                      RECORDS=fold == "records")
+                      RECORDS=fold == "records", STAGES=None)
         return kg._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:
@@ -337,14 +358,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
-                                       "mamba2-verify", "mamba2-flush", "mamba2-nonflush",
+                                       "gdn-verify-prep", "mamba2-verify-prep", "mamba2-verify",
+                                       "mamba2-flush", "mamba2-nonflush",
                                        "gdn-nonflush", "gdn-flush", "gdn-conv", "mamba2-conv"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--solve", choices=["loop", "ut"], default="loop",
-                    help="gdn-verify: gdn_verify's draft_solve")
+    ap.add_argument("--chunk", type=int, default=32,
+                    help="gdn-verify / mamba2-verify: state columns per product")
+    ap.add_argument("--precision", choices=["ieee", "tf32x3"], default="tf32x3",
+                    help="verify targets: the products' dot_precision")
     ap.add_argument("--fold", choices=["dot", "records"], default="dot",
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
@@ -355,7 +379,8 @@ def main() -> None:
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
-    fn, sig, consts = target(a.target, a.preset, a.block, solve=a.solve, fold=a.fold)
+    fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
+                             fold=a.fold)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0)
     if a.json:
         print(json.dumps(s, indent=1))

@@ -338,27 +338,49 @@ def nvfp4_row_decode(packed, bscale, row_scale, BR: tl.constexpr, N: tl.constexp
 
 
 @triton.jit
-def load_rows(base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: tl.constexpr,
-              BR: tl.constexpr, N: tl.constexpr):
-    """Load BR state rows (row offsets ``rows`` in elements of a row-major (.., N) layout,
-    per-row scale offsets = row index) in format FMT and return fp32 (BR, N).
-
-    ``rows`` are row indices; data offset = row * N (row * N//2 bytes for nvfp4)."""
+def load_cols(base, rscale_base, bscale_base, rows, k0, mask_r, FMT: tl.constexpr,
+              BR: tl.constexpr, N: tl.constexpr, KC: tl.constexpr, WORDS: tl.constexpr = False):
+    """Columns ``k0 .. k0 + KC`` of BR stored state rows (row indices ``rows`` of a row-major
+    (.., N) layout, per-row scales indexed by row) as fp32 (BR, KC). KC is a multiple of 16
+    for NVFP4, so a chunk holds whole blocks: loops over chunks keep only (BR, KC) live.
+    WORDS decodes NVFP4 from int32 words (``e2m1_word_scaled``; rows 4-byte aligned)."""
     if FMT == 4:
-        half = tl.arange(0, N // 2)
-        blk = tl.arange(0, N // 16)
-        p = tl.load(base + rows[:, None] * (N // 2) + half[None, :], mask=mask_r[:, None], other=0)
-        bs = tl.load(bscale_base + rows[:, None] * (N // 16) + blk[None, :], mask=mask_r[:, None],
-                     other=0.0).to(tl.float32)
+        blk = tl.arange(0, KC // 16)
+        bs = tl.load(bscale_base + rows[:, None] * (N // 16) + k0 // 16 + blk[None, :],
+                     mask=mask_r[:, None], other=0.0).to(tl.float32)
         rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
-        return nvfp4_row_decode(p, bs, rs, BR, N)
+        if WORDS:
+            # int32 words, nibble i of word wi = element 8 wi + i; joined so that the flat
+            # order is (wi, i): the innermost join pairs nibbles i and i + 4
+            WN: tl.constexpr = KC // 8
+            wi = tl.arange(0, WN)
+            w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * (N // 8) + k0 // 8
+                        + wi[None, :], mask=mask_r[:, None], other=0)
+            v = tl.join(tl.join(tl.join(e2m1_word_scaled(w, 0), e2m1_word_scaled(w, 4)),
+                                tl.join(e2m1_word_scaled(w, 2), e2m1_word_scaled(w, 6))),
+                        tl.join(tl.join(e2m1_word_scaled(w, 1), e2m1_word_scaled(w, 5)),
+                                tl.join(e2m1_word_scaled(w, 3), e2m1_word_scaled(w, 7))))
+            v = tl.reshape(v * 8.507059173023462e37, (BR, KC // 16, 16))  # * 2^126: exact
+            return tl.reshape(v * (bs * rs[:, None])[:, :, None], (BR, KC))
+        half = tl.arange(0, KC // 2)
+        p = tl.load(base + rows[:, None] * (N // 2) + k0 // 2 + half[None, :],
+                    mask=mask_r[:, None], other=0)
+        return nvfp4_row_decode(p, bs, rs, BR, KC)
     else:
-        v = tl.load(base + rows[:, None] * N + n_idx[None, :], mask=mask_r[:, None],
+        n = k0 + tl.arange(0, KC)
+        v = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
                     other=0.0).to(tl.float32)
         if FMT == 3:
             rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
             v = v * rs[:, None]
         return v
+
+
+@triton.jit
+def load_rows(base, rscale_base, bscale_base, rows, n_idx, mask_r, FMT: tl.constexpr,
+              BR: tl.constexpr, N: tl.constexpr):
+    """Load BR whole state rows in format FMT as fp32 (BR, N) (``n_idx`` is ``arange(N)``)."""
+    return load_cols(base, rscale_base, bscale_base, rows, 0, mask_r, FMT, BR, N, N)
 
 
 @triton.jit
@@ -498,7 +520,7 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
 
 
 @triton.jit
-def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr):
+def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr, PREC: tl.constexpr = "ieee"):
     """``(I + M)^-1`` for strictly lower-triangular ``M``: ``M^LB = 0``, so the inverse is
     ``(I - M)(I + M^2)(I + M^4)...`` with log2(LB) factors. It does not depend on the state,
     so the state-dependent part of a window is a few matrix products."""
@@ -507,8 +529,8 @@ def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr):
     X = -M
     P = eye + X
     for _ in tl.static_range(LOG_LB - 1):
-        X = tl.dot(X, X, input_precision="ieee")
-        P = tl.dot(P, eye + X, input_precision="ieee")
+        X = tl.dot(X, X, input_precision=PREC)
+        P = tl.dot(P, eye + X, input_precision=PREC)
     return P
 
 

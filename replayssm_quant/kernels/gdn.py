@@ -19,6 +19,7 @@ import triton.language as tl
 from .cache import ReplayCache, slot_stride
 from .common import (
     e2m1_table,
+    load_cols,
     load_rows,
     rows_dot,
     sr_words_for,
@@ -35,6 +36,8 @@ from .mamba2 import (
     flush_list,
     flush_programs,
     reads_narrow_copy,
+    verify_chunk,
+    verify_precision,
 )
 
 
@@ -395,37 +398,49 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
 
 # ------------------------------------------------------------------------------ speculative
 @triton.jit
+def _draft_columns(T: tl.constexpr, TB2: tl.constexpr):
+    """The verify's stacked columns: c < T is draft c's key, T <= c < 2T draft c - T's query.
+    Returns (index, is key, is query, draft of the column)."""
+    col = tl.arange(0, TB2)
+    isk = col < T
+    isq = (col >= T) & (col < 2 * T)
+    return col, isk, isq, tl.where(isk, col, col - T)
+
+
+@triton.jit
 def _gdn_verify_prep_kernel(
     q_ptr, k_ptr, slots_ptr, kr_ptr, s_kr, cur_ptr, kd_ptr,
-    T: tl.constexpr, TB: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr,
-    LB: tl.constexpr,
+    T: tl.constexpr, TB2: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr,
+    LB: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr = "ieee",
 ):
-    """Per (row, key head): the drafts' key and query products with the committed keys
-    (TB x LB each) and with the drafts' keys (TB x TB each). Both value heads of the key head
-    read them, so the verify programs keep only the state products."""
+    """Per (row, key head): the stacked drafts' keys and queries (``_draft_columns``) dotted
+    with the committed keys (TB2 x LB) and with the drafts' keys (TB2 x TB2), over key
+    chunks of KC. Every value head of the key head reads them, so the verify programs keep
+    only the state product."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
-        kk = tl.arange(0, K)
+        col, isk, isq, d = _draft_columns(T, TB2)
+        kc = tl.arange(0, KC)
         j = tl.arange(0, LB)
-        i = tl.arange(0, TB)
-        mi = i < T
         c = tl.load(cur_ptr + slot)
-        Qd = tl.load(q_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        Kd = tl.load(k_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
-        out = kd_ptr + (b * HK + hk) * (2 * TB * LB + 2 * TB * TB)
-        r_off = i[:, None] * LB + j[None, :]
-        d_off = i[:, None] * TB + i[None, :]
-        tl.store(out + r_off, tl.dot(Kd, tl.trans(Kr), input_precision="ieee"))
-        tl.store(out + TB * LB + r_off, tl.dot(Qd, tl.trans(Kr), input_precision="ieee"))
-        tl.store(out + 2 * TB * LB + d_off, tl.dot(Kd, tl.trans(Kd), input_precision="ieee"))
-        tl.store(out + 2 * TB * LB + TB * TB + d_off,
-                 tl.dot(Qd, tl.trans(Kd), input_precision="ieee"))
+        row = ((b * T + d) * HK + hk) * K
+        rr = tl.zeros((TB2, LB), dtype=tl.float32)
+        dd = tl.zeros((TB2, TB2), dtype=tl.float32)
+        for k0 in tl.range(0, K, KC):
+            KQ = tl.load(k_ptr + row[:, None] + k0 + kc[None, :], mask=isk[:, None], other=0.0)
+            KQ += tl.load(q_ptr + row[:, None] + k0 + kc[None, :], mask=isq[:, None], other=0.0)
+            KQ = KQ.to(tl.float32)
+            KdT = tl.load(k_ptr + row[None, :] + k0 + kc[:, None], mask=isk[None, :],
+                          other=0.0).to(tl.float32)
+            KrT = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[None, :]) * K + k0 + kc[:, None],
+                          mask=(j < c)[None, :], other=0.0).to(tl.float32)
+            rr += tl.dot(KQ, KrT, input_precision=PREC)
+            dd += tl.dot(KQ, KdT, input_precision=PREC)
+        out = kd_ptr + (b * HK + hk) * (TB2 * LB + TB2 * TB2)
+        tl.store(out + col[:, None] * LB + j[None, :], rr)
+        tl.store(out + TB2 * LB + col[:, None] * TB2 + col[None, :], dd)
 
 
 @triton.jit
@@ -433,15 +448,18 @@ def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br, cur_ptr, kd_ptr,
-    T: tl.constexpr, TB: tl.constexpr,
+    T: tl.constexpr, TB2: tl.constexpr,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
-    SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr,
-    UT: tl.constexpr = False, LOG_TB: tl.constexpr = 4,
+    SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr,
+    LOG_TB2: tl.constexpr, PREC: tl.constexpr = "ieee",
 ):
-    """All T draft outputs in chunk form from the read source + committed records (the key
-    head's key / query products from ``_gdn_verify_prep_kernel``): the draft u's by forward
-    substitution, then the outputs; append the drafts (cursor unchanged)."""
+    """All T drafts in chunk form on stacked columns (``_draft_columns``): Z (BV, TB2) =
+    e^{g cum} S [k_i | q_i] + committed records, accumulated over fp32 ``tl.dot``s whose
+    inner dimension is KC state columns or 16 records, so no wide operand lives in
+    registers. Key columns give w_i, from which the draft u's follow as one product with the
+    UT transform ``(I + M)^-T``; query columns plus the drafts' u's give the outputs. Appends
+    the drafts after the committed records (the cursor does not move)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     vt = tl.program_id(2)
@@ -451,70 +469,69 @@ def _gdn_verify_kernel(
         hk = h // RATIO
         vv = vt * BV + tl.arange(0, BV)
         mv = vv < V
-        kk = tl.arange(0, K)
-        j = tl.arange(0, LB)
-        i = tl.arange(0, TB)
-        mi = i < T
+        kc = tl.arange(0, KC)
+        r16 = tl.arange(0, 16)
+        col, isk, isq, d = _draft_columns(T, TB2)
         c = tl.load(cur_ptr + slot)
-        mj = j < c
-        Qd = tl.load(q_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        Kd = tl.load(k_ptr + ((b * T + i[:, None]) * HK + hk) * K + kk[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        Vd = tl.load(v_ptr + ((b * T + i[None, :]) * HV + h) * V + vv[:, None],
-                     mask=mi[None, :] & mv[:, None], other=0.0).to(tl.float32)  # (BV, TB)
-        gd = tl.load(g_ptr + (b * T + i) * HV + h, mask=mi, other=0.0).to(tl.float32)
-        bd = tl.load(beta_ptr + (b * T + i) * HV + h, mask=mi, other=0.0).to(tl.float32)
-        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-        U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
-                    mask=mj[None, :] & mv[:, None], other=0.0)
-        kd = kd_ptr + (b * HK + hk) * (2 * TB * LB + 2 * TB * TB)
-        r_off = i[:, None] * LB + j[None, :]
-        d_off = i[:, None] * TB + i[None, :]
-        cr = tl.cumsum(gr, 0)
-        cd = tl.cumsum(gd, 0)
-        total = tl.sum(gr, 0) + cd
-        Er = tl.where(mj[None, :], tl.exp(total[:, None] - cr[None, :]), 0.0)  # (TB, LB)
-        Ed = tl.where((i[None, :] <= i[:, None]) & mi[None, :],
-                      tl.exp(cd[:, None] - cd[None, :]), 0.0)  # (TB, TB), i' <= i
-        S = load_rows(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                      src_bs_ptr + slot * s_srcbs, h * V + vv, kk, mv, SRC_FMT, BV, K)
-        SK = tl.dot(S, tl.trans(Kd), input_precision="ieee")  # (BV, TB)
-        SQ = tl.dot(S, tl.trans(Qd), input_precision="ieee")
-        Mr = Er * tl.load(kd + r_off)  # [i, j] e^. (k_j . k_i)
-        Wk = tl.exp(total)[None, :] * SK + tl.dot(U, tl.trans(Mr), input_precision="ieee")
-        Md = Ed * tl.load(kd + 2 * TB * LB + d_off)  # [i, i'] e^. (k_i'.k_i)
-        if UT:  # (I + M) u = beta (v - w) for every state row at once: U = X (I + M)^-T
-            M = tl.where(i[None, :] < i[:, None], bd[:, None] * Md, 0.0)
-            TI = tl.trans(unit_lower_inverse(M, TB, LOG_TB))
-            Ud = tl.dot(bd[None, :] * (Vd - Wk), TI, input_precision="ieee")
-        else:  # forward substitution, one draft after the other
-            Ud = tl.zeros((BV, TB), dtype=tl.float32)
-            for ii in tl.static_range(T):
-                sel = (i == ii).to(tl.float32)
-                row = tl.sum(Md * sel[:, None], axis=0)  # Md[ii, :]
-                coef = tl.where(i < ii, row, 0.0)
-                wi = tl.sum(Wk * sel[None, :], axis=1) + tl.sum(Ud * coef[None, :], axis=1)
-                ui = tl.sum(bd * sel, 0) * (tl.sum(Vd * sel[None, :], axis=1) - wi)
-                Ud += ui[:, None] * sel[None, :]
-        Nr = Er * tl.load(kd + TB * LB + r_off)
-        Nd = Ed * tl.load(kd + 2 * TB * LB + TB * TB + d_off)
-        O = tl.exp(total)[None, :] * SQ + tl.dot(U, tl.trans(Nr), input_precision="ieee")
-        O += tl.dot(Ud, tl.trans(Nd), input_precision="ieee")
-        mo = mi[None, :] & mv[:, None]
-        tl.store(o_ptr + ((b * T + i[None, :]) * HV + h) * V + vv[:, None], O, mask=mo)
-        pos = c + i
-        tl.store(ur_ptr + slot * s_ur + (h * CAP + pos[None, :]) * V + vv[:, None], Ud, mask=mo)
+        gk = tl.load(g_ptr + (b * T + col) * HV + h, mask=isk, other=0.0).to(tl.float32)
+        bd = tl.load(beta_ptr + (b * T + col) * HV + h, mask=isk, other=0.0).to(tl.float32)
+        # cd[c]: g summed over drafts 0..d(c); one order for every column
+        cd = tl.sum(tl.where((col[None, :] <= d[:, None]) & isk[None, :], gk[None, :], 0.0), 1)
+        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + tl.arange(0, LB),
+                     mask=tl.arange(0, LB) < c, other=0.0)
+        total = tl.sum(gr, 0) + cd  # (TB2,) g since the checkpoint up to the column's draft
+        row = ((b * T + d) * HK + hk) * K
+        Z = tl.zeros((BV, TB2), dtype=tl.float32)
+        for k0 in tl.range(0, K, KC):
+            S = load_cols(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                          src_bs_ptr + slot * s_srcbs, h * V + vv, k0, mv, SRC_FMT, BV, K, KC,
+                          True)
+            KQT = tl.load(k_ptr + row[None, :] + k0 + kc[:, None], mask=isk[None, :], other=0.0)
+            KQT += tl.load(q_ptr + row[None, :] + k0 + kc[:, None], mask=isq[None, :], other=0.0)
+            Z += tl.dot(S, KQT.to(tl.float32), input_precision=PREC)
+        Z = tl.exp(total)[None, :] * Z
+        kd = kd_ptr + (b * HK + hk) * (TB2 * LB + TB2 * TB2)
+        done = 0.0
+        for j0 in tl.range(0, c, 16):  # committed records, 16 at a time
+            j = j0 + r16
+            mj = j < c
+            gj = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+            cr = done + tl.cumsum(gj, 0)
+            done += tl.sum(gj, 0)
+            E = tl.where(mj[:, None], tl.exp(total[None, :] - cr[:, None]), 0.0)
+            RT = tl.load(kd + col[None, :] * LB + j[:, None], mask=mj[:, None], other=0.0)
+            U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                        mask=mj[None, :] & mv[:, None], other=0.0)
+            Z += tl.dot(U, E * RT, input_precision=PREC)
+        # drafts: (I + M) u = beta (v - w) on key columns, then the query columns' outputs
+        DD = tl.load(kd + TB2 * LB + col[:, None] * TB2 + col[None, :])
+        earlier = (col[None, :] <= d[:, None]) & isk[None, :]
+        ED = tl.where(earlier, tl.exp(cd[:, None] - cd[None, :]), 0.0) * DD
+        M = tl.where(isk[:, None] & (col[None, :] < col[:, None]), bd[:, None] * ED, 0.0)
+        TI = tl.trans(unit_lower_inverse(M, TB2, LOG_TB2, PREC))
+        mk = isk[None, :] & mv[:, None]
+        Vd = tl.load(v_ptr + ((b * T + col[None, :]) * HV + h) * V + vv[:, None], mask=mk,
+                     other=0.0).to(tl.float32)
+        X = tl.where(isk[None, :], bd[None, :] * (Vd - Z), 0.0)
+        Ud = tl.dot(X, TI, input_precision=PREC)
+        N2 = tl.where(isq[:, None], ED, 0.0)
+        O = Z + tl.dot(Ud, tl.trans(N2), input_precision=PREC)
+        tl.store(o_ptr + ((b * T + d[None, :]) * HV + h) * V + vv[:, None], O,
+                 mask=isq[None, :] & mv[:, None])
+        pos = c + col
+        tl.store(ur_ptr + slot * s_ur + (h * CAP + pos[None, :]) * V + vv[:, None], Ud, mask=mk)
         if RECOMPUTE:
             tl.store(vr_ptr + slot * s_vr + (h * CAP + pos[None, :]) * V + vv[:, None],
-                     Vd.to(vr_ptr.dtype.element_ty), mask=mo)
+                     Vd.to(vr_ptr.dtype.element_ty), mask=mk)
         if vt == 0:
-            tl.store(gr_ptr + slot * s_gr + h * CAP + pos, gd, mask=mi)
+            tl.store(gr_ptr + slot * s_gr + h * CAP + pos, gk, mask=isk)
             if RECOMPUTE:
-                tl.store(br_ptr + slot * s_br + h * CAP + pos, bd, mask=mi)
+                tl.store(br_ptr + slot * s_br + h * CAP + pos, bd, mask=isk)
             if h % RATIO == 0:
+                kk = tl.arange(0, K)
+                Kd = tl.load(k_ptr + row[:, None] + kk[None, :], mask=isk[:, None])
                 tl.store(kr_ptr + slot * s_kr + (hk * CAP + pos[:, None]) * K + kk[None, :],
-                         Kd.to(kr_ptr.dtype.element_ty), mask=mi[:, None])
+                         Kd.to(kr_ptr.dtype.element_ty), mask=isk[:, None])
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -581,18 +598,13 @@ def _ring_args(cache: ReplayCache):
             slot_stride(r["g"]), slot_stride(vr), slot_stride(br))
 
 
-def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 32,
-               num_warps: int = 4, draft_solve: str = "ut") -> torch.Tensor:
+def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
+               num_warps: int = 2, chunk: int = 32, dot_precision: str = "tf32x3") -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
-
-    ``draft_solve``: ``"ut"`` (default) solves the drafts' u's as one product with the UT
-    transform ``(I + M)^-T`` of the drafts; ``"loop"`` one after the other, each step reducing
-    across the program's warps (~90 more barriers on sm_90, 4% slower on the H200). The two
-    are float32-close.
-    """
-    if draft_solve not in ("loop", "ut"):
-        raise ValueError(f"draft_solve must be 'loop' or 'ut', got {draft_solve!r}")
+    ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
+    ``dot_precision`` as in ``mamba2.verify_precision``; the defaults measured fastest on the
+    H200 at batch 256 (reports/kernels/verify_r20_sweep.log)."""
     Bsz, T, HK, K = q.shape
     HV, V = v.shape[-2:]
     if cache.kind != "gdn":
@@ -605,19 +617,23 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 32
             raise ValueError(f"{name} must be contiguous")
     if slots.dtype != torch.int32:
         raise ValueError("slots must be int32")
+    if block_v < 16:
+        raise ValueError(f"block_v must be >= 16, got {block_v}")
+    KC, prec = verify_chunk(K, chunk), verify_precision(dot_precision)
     o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     src = cache.read if cache.read is not None else cache.ckpt
-    BV = min(block_v, triton.next_power_of_2(V))
-    TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
-    kd = torch.empty(Bsz, HK, 2 * TB * LB + 2 * TB * TB, device=q.device, dtype=torch.float32)
+    BV = min(block_v, max(16, triton.next_power_of_2(V)))
+    TB2, LB = max(16, triton.next_power_of_2(2 * T)), max(16, triton.next_power_of_2(cache.capacity))
+    kd = torch.empty(Bsz, HK, TB2 * LB + TB2 * TB2, device=q.device, dtype=torch.float32)
     kr = cache.ring["k"]
     _gdn_verify_prep_kernel[(Bsz, HK)](q, k, slots, kr, slot_stride(kr), cache.cursor, kd,
-                                       T=T, TB=TB, HK=HK, K=K, CAP=cache.capacity, LB=LB)
+                                       T=T, TB2=TB2, HK=HK, K=K, CAP=cache.capacity, LB=LB, KC=KC,
+                                       PREC=prec, num_warps=1)
     _gdn_verify_kernel[(Bsz, HV, triton.cdiv(V, BV))](
         q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
-        kd, T=T, TB=TB, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, UT=draft_solve == "ut",
-        LOG_TB=TB.bit_length() - 1, num_warps=num_warps)
+        kd, T=T, TB2=TB2, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
+        SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
+        LOG_TB2=TB2.bit_length() - 1, PREC=prec, num_warps=num_warps)
     return o
 
 

@@ -21,6 +21,7 @@ from .common import (
     FMT_CODES,
     FMT_NONE,
     e2m1_table,
+    load_cols,
     load_rows,
     rows_dot,
     sr_words_for,
@@ -473,31 +474,36 @@ def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
 def _mamba2_verify_prep_kernel(
     B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, cb_ptr,
     T: tl.constexpr, TB: tl.constexpr, G: tl.constexpr, N: tl.constexpr, CAP: tl.constexpr,
-    LB: tl.constexpr,
+    LB: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr = "ieee",
 ):
     """Per (row, group): the drafts' ``C_i . B_j`` against the committed records (TB x LB)
-    and against the drafts (TB x TB). Every head of the group reads them, so the verify
-    programs keep only the state product."""
+    and against the drafts (TB x TB), over d_state chunks of KC so an fp32 ``tl.dot`` keeps
+    only KC columns of its operands in registers. Every head of the group reads them, so
+    the verify programs keep only the state product."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
-        n = tl.arange(0, N)
+        kc = tl.arange(0, KC)
         j = tl.arange(0, LB)
         i = tl.arange(0, TB)
         mi = i < T
         c = tl.load(cur_ptr + slot)
-        Cd = tl.load(C_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        Bd = tl.load(B_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
+        draft = ((b * T + i) * G + g) * N
+        cbr = tl.zeros((TB, LB), dtype=tl.float32)
+        cbd = tl.zeros((TB, TB), dtype=tl.float32)
+        for k0 in tl.range(0, N, KC):
+            Cd = tl.load(C_ptr + draft[:, None] + k0 + kc[None, :], mask=mi[:, None],
+                         other=0.0).to(tl.float32)
+            BdT = tl.load(B_ptr + draft[None, :] + k0 + kc[:, None], mask=mi[None, :],
+                          other=0.0).to(tl.float32)
+            BrT = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[None, :]) * N + k0 + kc[:, None],
+                          mask=(j < c)[None, :], other=0.0).to(tl.float32)
+            cbr += tl.dot(Cd, BrT, input_precision=PREC)
+            cbd += tl.dot(Cd, BdT, input_precision=PREC)
         out = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
-        tl.store(out + i[:, None] * LB + j[None, :],
-                 tl.dot(Cd, tl.trans(Br), input_precision="ieee"))
-        tl.store(out + TB * LB + i[:, None] * TB + i[None, :],
-                 tl.dot(Cd, tl.trans(Bd), input_precision="ieee"))
+        tl.store(out + i[:, None] * LB + j[None, :], cbr)
+        tl.store(out + TB * LB + i[:, None] * TB + i[None, :], cbd)
 
 
 @triton.jit
@@ -508,11 +514,15 @@ def _mamba2_verify_kernel(
     T: tl.constexpr, TB: tl.constexpr,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
-    SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr,
+    SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, KC: tl.constexpr,
+    PREC: tl.constexpr = "ieee",
 ):
-    """All T draft outputs at once in chunk form from the read source + committed records
-    (the group's ``C . B`` products from ``_mamba2_verify_prep_kernel``), then append the
-    drafts after the committed records (the cursor does not move)."""
+    """All T draft outputs at once in chunk form, Y (BP, TB) = S C^T e^{A cum} + (committed
+    records) + (drafts), as one accumulator over fp32 ``tl.dot``s with a 16- or KC-wide
+    inner dimension: KC state columns at a time, then 16 committed records at a time (the
+    group's ``C . B`` products from ``_mamba2_verify_prep_kernel``), then the drafts. No
+    operand wider than KC lives in registers. Appends the drafts after the committed records
+    (the cursor does not move)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     pt = tl.program_id(2)
@@ -522,51 +532,59 @@ def _mamba2_verify_kernel(
         g = h // HPG
         p = pt * BP + tl.arange(0, BP)
         mp = p < P
-        n = tl.arange(0, N)
-        j = tl.arange(0, LB)
+        kc = tl.arange(0, KC)
         i = tl.arange(0, TB)
         mi = i < T
+        r16 = tl.arange(0, 16)
         c = tl.load(cur_ptr + slot)
-        mj = j < c
         A = tl.load(A_ptr + h).to(tl.float32)
-        # drafts: x (TB, BP), dt (TB,), C (TB, N)
-        xd = tl.load(x_ptr + ((b * T + i[:, None]) * H + h) * P + p[None, :],
-                     mask=mi[:, None] & mp[None, :], other=0.0).to(tl.float32)
         dtd = tl.load(dt_ptr + (b * T + i) * H + h, mask=mi, other=0.0).to(tl.float32)
-        Cd = tl.load(C_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
-                     mask=mi[:, None], other=0.0).to(tl.float32)
-        # committed records
-        dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
-        xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
-                     mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
-        cb = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
-        CBr = tl.load(cb + i[:, None] * LB + j[None, :])  # (TB, LB)
-        CBd = tl.load(cb + TB * LB + i[:, None] * TB + i[None, :])  # (TB, TB)
-        cr = tl.cumsum(dtr, 0)
+        dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + tl.arange(0, LB),
+                      mask=tl.arange(0, LB) < c, other=0.0)
         cd = tl.cumsum(dtd, 0)
         total = tl.sum(dtr, 0) + cd  # (TB,) dt since the checkpoint up to draft i
-        Wr = tl.exp(A * (total[:, None] - cr[None, :])) * dtr[None, :]
-        Wr = tl.where(mj[None, :], Wr, 0.0)
-        Wd = tl.exp(A * (cd[:, None] - cd[None, :])) * dtd[None, :]
-        Wd = tl.where((i[None, :] <= i[:, None]) & mi[None, :], Wd, 0.0)
-        S = load_rows(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                      src_bs_ptr + slot * s_srcbs, h * P + p, n, mp, SRC_FMT, BP, N)
-        SC = tl.dot(Cd, tl.trans(S), input_precision="ieee")  # (TB, BP)
-        Y = tl.exp(A * total)[:, None] * SC
-        Y += tl.dot(Wr * CBr, xr, input_precision="ieee")
-        Y += tl.dot(Wd * CBd, xd, input_precision="ieee")
+        Y = tl.zeros((BP, TB), dtype=tl.float32)
+        draft = ((b * T + i) * G + g) * N
+        for k0 in tl.range(0, N, KC):
+            S = load_cols(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                          src_bs_ptr + slot * s_srcbs, h * P + p, k0, mp, SRC_FMT, BP, N, KC,
+                          True)
+            CdT = tl.load(C_ptr + draft[None, :] + k0 + kc[:, None], mask=mi[None, :],
+                          other=0.0).to(tl.float32)
+            Y += tl.dot(S, CdT, input_precision=PREC)
+        Y = tl.exp(A * total)[None, :] * Y
+        cb = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
+        done = 0.0
+        for j0 in tl.range(0, c, 16):  # committed records, 16 at a time
+            j = j0 + r16
+            mj = j < c
+            dj = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
+            cr = done + tl.cumsum(dj, 0)
+            done += tl.sum(dj, 0)
+            W = tl.where(mj[:, None], tl.exp(A * (total[None, :] - cr[:, None])) * dj[:, None], 0.0)
+            CBr = tl.load(cb + i[None, :] * LB + j[:, None], mask=mj[:, None], other=0.0)
+            xrT = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[None, :]) * P + p[:, None],
+                          mask=mj[None, :] & mp[:, None], other=0.0).to(tl.float32)
+            Y += tl.dot(xrT, W * CBr, input_precision=PREC)
+        # drafts k <= i
+        Wd = tl.exp(A * (cd[None, :] - cd[:, None])) * dtd[:, None]
+        Wd = tl.where((i[:, None] <= i[None, :]) & mi[:, None], Wd, 0.0)
+        CBd = tl.load(cb + TB * LB + i[None, :] * TB + i[:, None])
+        xdT = tl.load(x_ptr + ((b * T + i[None, :]) * H + h) * P + p[:, None],
+                      mask=mi[None, :] & mp[:, None], other=0.0).to(tl.float32)
+        Y += tl.dot(xdT, Wd * CBd, input_precision=PREC)
         if HAS_D:
-            Y += tl.load(D_ptr + h).to(tl.float32) * xd
-        tl.store(y_ptr + ((b * T + i[:, None]) * H + h) * P + p[None, :], Y,
-                 mask=mi[:, None] & mp[None, :])
+            Y += tl.load(D_ptr + h).to(tl.float32) * xdT
+        mo = mi[None, :] & mp[:, None]
+        tl.store(y_ptr + ((b * T + i[None, :]) * H + h) * P + p[:, None], Y, mask=mo)
         pos = c + i
-        tl.store(xr_ptr + slot * s_xr + (h * CAP + pos[:, None]) * P + p[None, :],
-                 xd.to(xr_ptr.dtype.element_ty), mask=mi[:, None] & mp[None, :])
+        tl.store(xr_ptr + slot * s_xr + (h * CAP + pos[None, :]) * P + p[:, None],
+                 xdT.to(xr_ptr.dtype.element_ty), mask=mo)
         if pt == 0:
             tl.store(dtr_ptr + slot * s_dtr + h * CAP + pos, dtd, mask=mi)
             if h % HPG == 0:
-                Bd = tl.load(B_ptr + ((b * T + i[:, None]) * G + g) * N + n[None, :],
-                             mask=mi[:, None], other=0.0)
+                n = tl.arange(0, N)
+                Bd = tl.load(B_ptr + draft[:, None] + n[None, :], mask=mi[:, None], other=0.0)
                 tl.store(Br_ptr + slot * s_Br + (g * CAP + pos[:, None]) * N + n[None, :],
                          Bd.to(Br_ptr.dtype.element_ty), mask=mi[:, None])
 
@@ -669,11 +687,45 @@ def shift_and_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Te
                                                   cache.flush_index, L=L, BLOCK=256, nrows=n)
 
 
-def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int = 64,
-                  num_warps: int = 4) -> torch.Tensor:
+DOT_PRECISIONS = ("ieee", "tf32x3")
+
+
+def verify_precision(dot_precision: str) -> str:
+    """``dot_precision`` of the verify's products: ``"tf32x3"`` (default; each fp32 operand
+    split into a TF32 head and tail, three tensor-core products, fp32 accumulation: output
+    error 2.4-2.8e-7 relative at the paper shapes against 1.0-2.2e-7 for ``"ieee"``) or
+    ``"ieee"`` (fp32 FMAs, 2-4x slower on the H200: reports/kernels/verify_r20_sweep.log)."""
+    if dot_precision not in DOT_PRECISIONS:
+        raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got {dot_precision!r}")
+    return dot_precision
+
+
+def verify_chunk(n: int, chunk: int) -> int:
+    """Inner-dimension chunk of the verify's fp32 products: the largest power of two up to
+    ``chunk`` that divides n (at least 16, the smallest ``tl.dot`` operand)."""
+    if chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= 16, got {chunk}")
+    if n % 16:
+        raise ValueError(f"the speculative verify needs a state width divisible by 16, got {n}")
+    while n % chunk:
+        chunk //= 2
+    return chunk
+
+
+def verify_block(P: int) -> int:
+    """Head-dim rows per verify program: 64 or 32, whichever pads P least (64 on a tie);
+    Nemotron-3-Nano-4B's 80 rows take 32 (reports/kernels/verify_r21_sweep.log)."""
+    return min((64, 32), key=lambda b: (triton.cdiv(P, b) * b, -b))
+
+
+def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
+                  num_warps: int = 1, chunk: int = 32, dot_precision: str = "tf32x3") -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
-    prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``)."""
+    prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
+    ``block_p`` head-dim rows (>= 16) per program, ``chunk`` d_state columns per product,
+    ``dot_precision`` as in ``verify_precision``; the defaults measured fastest on the H200 at
+    batch 256 (reports/kernels/verify_r20_sweep.log)."""
     Bsz, T, H, P = x.shape
     G, N = Bm.shape[-2:]
     _check_inputs(cache, x[:, 0].contiguous(), dt[:, 0].contiguous(), A, Bm[:, 0].contiguous(),
@@ -684,19 +736,24 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     for name, t in (("x", x), ("dt", dt), ("Bm", Bm), ("C", C)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+    block_p = block_p or verify_block(P)
+    if block_p < 16:
+        raise ValueError(f"block_p must be >= 16, got {block_p}")
+    KC, prec = verify_chunk(N, chunk), verify_precision(dot_precision)
     y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
     src = cache.read if cache.read is not None else cache.ckpt
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
-    BP = min(block_p, triton.next_power_of_2(P))
+    BP = min(block_p, max(16, triton.next_power_of_2(P)))
     TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
     cb = torch.empty(Bsz, G, TB * LB + TB * TB, device=x.device, dtype=torch.float32)
     _mamba2_verify_prep_kernel[(Bsz, G)](Bm, C, slots, Br, slot_stride(Br), cache.cursor, cb,
-                                         T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB)
+                                         T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB, KC=KC,
+                                         PREC=prec, num_warps=1)
     _mamba2_verify_kernel[(Bsz, H, triton.cdiv(P, BP))](
         x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor, cb,
         T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, num_warps=num_warps)
+        SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec, num_warps=num_warps)
     return y
 
 
