@@ -150,11 +150,12 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
 
 
 def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: int = 0,
-               **verify_kw) -> dict:
+               act: torch.dtype = torch.bfloat16, **verify_kw) -> dict:
     """Speculative verify of T drafts + commit against the reference, round by round from the
     same state (accepted counts vary per row, some rounds fold a window): worst output error
     of the verify and worst fraction of checkpoint elements that differ after the commit.
-    ``verify_kw`` go to the verify (e.g. ``chunk``)."""
+    Activations in ``act`` (bf16, as the paper models run: the verify's default products are
+    then the exact bf16 split); ``verify_kw`` go to the verify (e.g. ``chunk``)."""
     from dataclasses import replace
 
     from replayssm_quant.kernels.gdn import gdn_commit, gdn_verify
@@ -168,7 +169,8 @@ def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: in
     S0 = 0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV)
     mod = mamba2 if shape.kind == "mamba2" else gdn
     init = mamba2.init_mamba2_state if shape.kind == "mamba2" else gdn.init_gdn_state
-    ref = init(cfg, nslots, H, P, N, G, spec_tokens=T - 1, seed=3, layer=1, device=DEV)
+    ref = init(cfg, nslots, H, P, N, G, spec_tokens=T - 1, seed=3, layer=1, device=DEV,
+               act_dtype=act)
     mod.load_state(ref, torch.arange(nslots, device=DEV), S0)
     worst = {"y_rel": 0.0, "ckpt_differ": 0.0}
     for r in range(rounds):
@@ -178,15 +180,19 @@ def check_spec(shape, cfg, T: int = 8, rounds: int = 4, batch: int = 4, seed: in
                            device=DEV)  # mostly long acceptances: every row folds a window
         if shape.kind == "mamba2":
             a = mamba2_inputs(batch, T, H, P, N, G, generator=g, device=DEV)
+            a.update({k: a[k].to(act).float() for k in ("Bm", "C")})
             y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots)
-            y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], slots,
+            y = mamba2_verify(cache, a["x"].to(act), a["dt"], a["A"], a["Bm"].to(act),
+                              a["C"].to(act), a["D"], slots,
                               **verify_kw)
             mamba2.commit(ref, acc, slots, a["A"])
             mamba2_commit(cache, acc, a["A"], slots)
         else:
             a = gdn_inputs(batch, T, H, P, N, G, generator=g, device=DEV)
+            a.update({k: a[k].to(act).float() for k in ("q", "k", "v")})
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], slots)
-            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots, **verify_kw)
+            y = gdn_verify(cache, a["q"].to(act), a["k"].to(act), a["v"].to(act), a["g"],
+                           a["beta"], slots, **verify_kw)
             gdn.commit(ref, acc, slots)
             gdn_commit(cache, acc, slots)
         worst["y_rel"] = max(worst["y_rel"], ((y - y_ref).norm() / y_ref.norm()).item())
@@ -206,10 +212,19 @@ def _variants(kind: str, cfg, args) -> list[dict]:
         if cfg.read is not None and cfg.read.name == "nvfp4":
             out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
         out += [{fk: b, "flush_warps": w, "flush_per_sm": s, "flush_fold": f,
-                 **({"flush_stages": st} if st else {})}
-                for f, b, w, s, st in itertools.product(args.folds, args.fblocks, args.fwarps,
-                                                        args.per_sm, args.fstages)]
+                 **({"flush_stages": st} if st else {}),
+                 **({"flush_precision": fp} if fp != "ieee" else {})}
+                for f, b, w, s, st, fp in itertools.product(args.folds, args.fblocks, args.fwarps,
+                                                            args.per_sm, args.fstages, args.fprecs)]
     return out
+
+
+def _check_kw(args) -> dict:
+    """Step knobs the preset checks run with (the library's defaults unless asked)."""
+    kw = {"flush_fold": args.check_fold} if args.check_fold else {}
+    if args.check_flush_precision:
+        kw["flush_precision"] = args.check_flush_precision
+    return kw
 
 
 def register_report() -> None:
@@ -229,9 +244,10 @@ def verify_sweep(args) -> int:
     """Speculative verify of 8 drafts per launch-knob variant, as a multiple of the
     conventional FP32 step of the same shape and batch (the acceptance bar is 1.0)."""
     T = 3 if SMOKE else 8
-    variants = [{"verify": {("block_p" if SHAPES[s].kind == "mamba2" else "block_v"): b,
+    kinds = sorted({SHAPES[s].kind for s in args.shapes})
+    variants = [{"verify": {("block_p" if kind == "mamba2" else "block_v"): b,
                             "num_warps": w, "chunk": kc, "dot_precision": pr}}
-                for s in args.shapes
+                for kind in kinds
                 for b, w, kc, pr in itertools.product(args.vblocks, args.vwarps, args.vchunks,
                                                       args.vprecs)]
     jobs = [(s, PRESETS[c], kw, T, DEV) for s in args.shapes for c in VERIFY_CONFIGS
@@ -299,6 +315,10 @@ def main() -> int:
                          "library's default for the config)")
     ap.add_argument("--folds", nargs="*", default=["dot"], choices=list(km.FLUSH_FOLDS),
                     help="flush_fold values to sweep")
+    ap.add_argument("--fprecs", nargs="*", default=["ieee"], choices=list(km.FOLD_PRECISIONS),
+                    help="flush_precision values to sweep")
+    ap.add_argument("--check-flush-precision", choices=list(km.FOLD_PRECISIONS), default=None,
+                    help="run the preset checks with this flush_precision")
     ap.add_argument("--check-fold", choices=list(km.FLUSH_FOLDS), default=None,
                     help="run the preset checks with this flush_fold (default: the library's)")
     ap.add_argument("--verify", action="store_true",
@@ -307,7 +327,7 @@ def main() -> int:
     ap.add_argument("--vwarps", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--vchunks", type=int, nargs="*", default=[16, 32],
                     help="state columns per product of the verify (its ``chunk``)")
-    ap.add_argument("--vprecs", nargs="*", default=["ieee"], choices=list(km.DOT_PRECISIONS),
+    ap.add_argument("--vprecs", nargs="*", default=["auto"], choices=list(km.DOT_PRECISIONS),
                     help="the verify's dot_precision values to sweep (and to check)")
     ap.add_argument("--profile", action="store_true",
                     help="with --verify: device time per kernel of the default verify (profiler)")
@@ -342,7 +362,7 @@ def main() -> int:
             jobs += [(sname, PRESETS[cname], kw, 0, DEV)
                      for kw in _variants(SHAPES[sname].kind, PRESETS[cname], args)]
     if args.check and not args.spec_only:
-        ckw = {"flush_fold": args.check_fold} if args.check_fold else {}
+        ckw = _check_kw(args)
         jobs += [(s, PRESETS[c], ckw, 0, DEV) for s in args.check_shapes for c in args.check_configs]
     precompile(jobs, args.workers)
     if args.check:
@@ -352,8 +372,7 @@ def main() -> int:
                 print(f"check64 {sname:22s} {cname:12s} rel err vs float64 {err:.2e}", flush=True)
             for cname in () if args.spec_only else args.check_configs:
                 t0 = time.time()
-                r = check_preset(SHAPES[sname], PRESETS[cname],
-                                 **({"flush_fold": args.check_fold} if args.check_fold else {}))
+                r = check_preset(SHAPES[sname], PRESETS[cname], **_check_kw(args))
                 print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
                       f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
                       f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)

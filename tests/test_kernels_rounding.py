@@ -16,6 +16,7 @@ from replayssm_quant.kernels.common import (
     round_grid_rn_value,
     round_to,
     rows_dot,
+    split_dot,
 )
 
 N = 4096
@@ -213,3 +214,36 @@ def test_e2m1_rn_code_matches_reference_codes():
     want = F.encode_e2m1(v).to(torch.int32)
     bad = (out != want).nonzero().flatten()
     assert bad.numel() == 0, [(t[i].item(), out[i].item(), want[i].item()) for i in bad[:8]]
+
+
+@triton.jit
+def _split_dot_kernel(a_ptr, b_ptr, out_ptr, TERMS: tl.constexpr, M: tl.constexpr,
+                      K: tl.constexpr, NC: tl.constexpr):
+    m, k, n = tl.arange(0, M), tl.arange(0, K), tl.arange(0, NC)
+    a = tl.load(a_ptr + m[:, None] * K + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * NC + n[None, :])
+    acc = split_dot(a, b, tl.zeros((M, NC), dtype=tl.float32), TERMS)
+    tl.store(out_ptr + m[:, None] * NC + n[None, :], acc)
+
+
+@pytest.mark.parametrize("terms,src", [(3, "fp32"), (2, "fp16"), (1, "bf16")])
+def test_split_dot_products_are_exact(terms, src):
+    """``split_dot`` with enough bf16 pieces for the state's format rounds only in the fp32
+    accumulation: against float64 its error stays within K fp32 roundings of sum |a b|; one
+    piece fewer is visibly worse (the test can fail)."""
+    g = torch.Generator().manual_seed(7)
+    M, K, NC = 16, 64, 16
+    a = torch.randn(M, K, generator=g) * torch.logspace(-3, 3, K)[None, :]
+    a = a.to({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[src]).float()
+    b = torch.randn(K, NC, generator=g).to(torch.bfloat16).float()
+    exact = a.double() @ b.double()
+    bound = K * 2.0**-24 * (a.double().abs() @ b.double().abs())
+
+    def run(t):
+        out = torch.full((M, NC), float("nan"))
+        _split_dot_kernel[(1,)](a, b, out, TERMS=t, M=M, K=K, NC=NC)
+        return (out.double() - exact).abs()
+
+    assert bool((run(terms) <= bound).all())
+    if terms > 1:
+        assert not bool((run(terms - 1) <= bound).all())

@@ -17,39 +17,58 @@ from .test_kernels_decode import _clone, _close_state
 SLOTS = torch.tensor([1, 0, -1], dtype=torch.int32)
 
 
+BF16 = torch.bfloat16
+
+
+def _through(a: dict, act: torch.dtype, *keys: str) -> dict:
+    """Inputs the kernel reads in ``act`` rounded through it for the reference too."""
+    return {k: v.to(act).float() if k in keys else v for k, v in a.items()}
+
+
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
-@pytest.mark.parametrize("name,L,chunk", [("replay-fp32", 4, 16), ("nvfp4-read/fp16-sr", 4, 32),
-                                          ("shared-fp8", 4, 16), ("replay-fp32", 19, 32)])
-def test_verify_commit_matches_reference(kind, name, L, chunk):
+@pytest.mark.parametrize("name,L,chunk,act", [
+    ("replay-fp32", 4, 16, torch.float32), ("nvfp4-read/fp16-sr", 4, 32, torch.float32),
+    ("shared-fp8", 4, 16, torch.float32), ("replay-fp32", 19, 32, torch.float32),
+    ("replay-fp32", 4, 16, BF16), ("nvfp4-read/fp16-sr", 4, 32, BF16), ("shared-fp8", 4, 16, BF16),
+    ("fp16-sr/L", 4, 16, BF16)])
+def test_verify_commit_matches_reference(kind, name, L, chunk, act):
     """Chunk 16 splits the state product in two; L = 19 puts more than 16 committed records
-    in front of the drafts (two record chunks)."""
-    cfg = replace(PRESETS[name], L=L)
+    in front of the drafts (two record chunks); bf16 activations take the exact bf16-split
+    state product (``split_dot``: three pieces for fp32, two for fp16, one for fp8 / NVFP4)."""
+    if name == "fp16-sr/L":  # an fp16-SR checkpoint read directly (two bf16 pieces)
+        cfg = replace(PRESETS["nvfp4-read/fp16-sr"], read=None, L=L)
+    else:
+        cfg = replace(PRESETS[name], L=L)
     T, rounds = 3, 4 if L == 4 else 9
+    prec = "bf16x3" if act == BF16 else "auto"
     g = torch.Generator().manual_seed(5)
     if kind == "mamba2":
         H, P, N, G = 4, 16, 32, 2
-        ref = mamba2.init_mamba2_state(cfg, 2, H, P, N, G, spec_tokens=T, seed=2, layer=1)
+        ref = mamba2.init_mamba2_state(cfg, 2, H, P, N, G, spec_tokens=T, seed=2, layer=1,
+                                       act_dtype=act)
         mamba2.load_state(ref, torch.arange(2), torch.randn(2, H, P, N, generator=g) * 0.3)
     else:
         HV, V, K, HK = 4, 16, 32, 2
-        ref = gdn.init_gdn_state(cfg, 2, HV, V, K, HK, spec_tokens=T, seed=2, layer=1)
+        ref = gdn.init_gdn_state(cfg, 2, HV, V, K, HK, spec_tokens=T, seed=2, layer=1,
+                                 act_dtype=act)
         gdn.load_state(ref, torch.arange(2), torch.randn(2, HV, V, K, generator=g) * 0.3)
     for r in range(rounds):
         ker = _clone(ref)
         cache = cache_from_reference(ker)
         acc = torch.tensor([(r + 1) % (T + 1), T, 0], dtype=torch.int32)
         if kind == "mamba2":
-            a = mamba2_inputs(3, T, H, P, N, G, generator=g)
+            a = _through(mamba2_inputs(3, T, H, P, N, G, generator=g), act, "Bm", "C")
             y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
-            y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS,
-                              block_p=16, chunk=chunk)
+            y = mamba2_verify(cache, a["x"].to(act), a["dt"], a["A"], a["Bm"].to(act),
+                              a["C"].to(act), a["D"], SLOTS, block_p=16, chunk=chunk,
+                              dot_precision=prec)
             mamba2.commit(ref, acc, SLOTS, a["A"])
             mamba2_commit(cache, acc, a["A"], SLOTS)
         else:
-            a = gdn_inputs(3, T, HV, V, K, HK, generator=g)
+            a = _through(gdn_inputs(3, T, HV, V, K, HK, generator=g), act, "q", "k", "v")
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
-            y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
-                           block_v=16, chunk=chunk)
+            y = gdn_verify(cache, a["q"].to(act), a["k"].to(act), a["v"].to(act), a["g"],
+                           a["beta"], SLOTS, block_v=16, chunk=chunk, dot_precision=prec)
             gdn.commit(ref, acc, SLOTS)
             gdn_commit(cache, acc, SLOTS)
         v = SLOTS >= 0

@@ -63,8 +63,14 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
+def _verify_precision(precision: str, src_fmt: int) -> dict:
+    """The verify kernel's product constexprs, as ``mamba2_verify`` / ``gdn_verify`` pass them."""
+    return dict(PREC=precision, SMALL="tf32x3" if precision == "bf16x3" else precision,
+                TERMS=km.split_terms(src_fmt))
+
+
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
-           fold: str = "dot", precision: str = "tf32x3") -> tuple:
+           fold: str = "dot", precision: str = "bf16x3") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset."""
     cfg = PRESETS[preset]
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
@@ -101,7 +107,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(T=T, TB2=tb2, HV=HV, HK=HK, V=V, K=K,
                       CAP=cap, LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block,
-                      KC=km.verify_chunk(K, chunk), LOG_TB2=tb2.bit_length() - 1, PREC=precision)
+                      KC=km.verify_chunk(K, chunk), LOG_TB2=tb2.bit_length() - 1,
+                      **_verify_precision(precision, rd if rd != FMT_NONE else ck))
         return kg._gdn_verify_kernel, sig, consts
     if name == "gdn-verify-prep":  # Qwen3.5-4B's GDN layer: the drafts' key / query products
         cap = max(cfg.L, 2) + T - 1
@@ -139,7 +146,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G, CAP=cap,
                       LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block,
-                      KC=km.verify_chunk(N, chunk), PREC=precision)
+                      KC=km.verify_chunk(N, chunk),
+                      **_verify_precision(precision, rd if rd != FMT_NONE else ck))
         return km._mamba2_verify_kernel, sig, consts
     if name == "mamba2-flush":  # Nemotron-3-Super's Mamba-2 layer, decode flush at L
         if cfg.L == 1:
@@ -161,7 +169,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
-                      STAGES=km.flush_stages_for(cfg))
+                      STAGES=km.flush_stages_for(cfg), FOLD_PREC="ieee")
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -217,7 +225,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
-                      RECORDS=fold == "records", STAGES=None)
+                      RECORDS=fold == "records", STAGES=None, FOLD_PREC="ieee")
         return kg._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:
@@ -367,7 +375,7 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--chunk", type=int, default=32,
                     help="gdn-verify / mamba2-verify: state columns per product")
-    ap.add_argument("--precision", choices=["ieee", "tf32x3"], default="tf32x3",
+    ap.add_argument("--precision", choices=["bf16x3", "tf32x3", "ieee"], default="bf16x3",
                     help="verify targets: the products' dot_precision")
     ap.add_argument("--fold", choices=["dot", "records"], default="dot",
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")

@@ -8,6 +8,8 @@ so SR is done in software here.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -339,16 +341,22 @@ def nvfp4_row_decode(packed, bscale, row_scale, BR: tl.constexpr, N: tl.constexp
 
 @triton.jit
 def load_cols(base, rscale_base, bscale_base, rows, k0, mask_r, FMT: tl.constexpr,
-              BR: tl.constexpr, N: tl.constexpr, KC: tl.constexpr, WORDS: tl.constexpr = False):
+              BR: tl.constexpr, N: tl.constexpr, KC: tl.constexpr, WORDS: tl.constexpr = False,
+              ROW_SCALE: tl.constexpr = True):
     """Columns ``k0 .. k0 + KC`` of BR stored state rows (row indices ``rows`` of a row-major
     (.., N) layout, per-row scales indexed by row) as fp32 (BR, KC). KC is a multiple of 16
     for NVFP4, so a chunk holds whole blocks: loops over chunks keep only (BR, KC) live.
-    WORDS decodes NVFP4 from int32 words (``e2m1_word_scaled``; rows 4-byte aligned)."""
+    WORDS decodes NVFP4 from int32 words (``e2m1_word_scaled``; rows 4-byte aligned).
+    Without ROW_SCALE the fp8 / NVFP4 row scale is left to the caller (``row_scales``): the
+    values then have at most 6 significant bits, exact in bf16."""
     if FMT == 4:
         blk = tl.arange(0, KC // 16)
         bs = tl.load(bscale_base + rows[:, None] * (N // 16) + k0 // 16 + blk[None, :],
                      mask=mask_r[:, None], other=0.0).to(tl.float32)
-        rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        if ROW_SCALE:
+            rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        else:
+            rs = tl.full((BR,), 1.0, tl.float32)
         if WORDS:
             # int32 words, nibble i of word wi = element 8 wi + i; joined so that the flat
             # order is (wi, i): the innermost join pairs nibbles i and i + 4
@@ -370,10 +378,51 @@ def load_cols(base, rscale_base, bscale_base, rows, k0, mask_r, FMT: tl.constexp
         n = k0 + tl.arange(0, KC)
         v = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
                     other=0.0).to(tl.float32)
-        if FMT == 3:
+        if FMT == 3 and ROW_SCALE:
             rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
             v = v * rs[:, None]
         return v
+
+
+@triton.jit
+def row_scales(rscale_base, rows, mask_r, FMT: tl.constexpr, BR: tl.constexpr):
+    """The per-row scale of fp8 / NVFP4 rows (1 for other formats), for ``load_cols``
+    without ROW_SCALE."""
+    if FMT == 3 or FMT == 4:
+        return tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+    else:
+        return tl.full((BR,), 1.0, tl.float32)
+
+
+@triton.jit
+def split_dot(a, b, acc, TERMS: tl.constexpr):
+    """``acc + a @ b`` for fp32 ``a`` and ``b`` exact in bf16 (bf16 activations): ``a`` as a sum
+    of TERMS bf16 pieces, each the round-to-nearest of what the previous ones leave, so every
+    product is exact and only the fp32 accumulation rounds. Three pieces hold any fp32
+    significand, two an fp16 one, one the values of bf16, fp8 and NVFP4 states (without
+    their row scale). Smallest pieces first."""
+    bb = b.to(tl.bfloat16)
+    a1 = a.to(tl.bfloat16)
+    if TERMS > 1:
+        r = a - a1.to(tl.float32)
+        a2 = r.to(tl.bfloat16)
+        if TERMS > 2:
+            acc = _bf16_dot((r - a2.to(tl.float32)).to(tl.bfloat16), bb, acc)
+        acc = _bf16_dot(a2, bb, acc)
+    return _bf16_dot(a1, bb, acc)
+
+
+# Triton's interpreter multiplies bf16 dot operands wrongly, so there the bf16 pieces are
+# multiplied as fp32 (the same exact products, the same fp32 accumulation)
+_BF16_MMA = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+
+
+@triton.jit
+def _bf16_dot(a, b, acc):
+    if _BF16_MMA:
+        return tl.dot(a, b, acc)
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
 
 
 @triton.jit

@@ -21,7 +21,9 @@ from .common import (
     e2m1_table,
     load_cols,
     load_rows,
+    row_scales,
     rows_dot,
+    split_dot,
     sr_words_for,
     store_rows,
     unit_lower_inverse,
@@ -35,7 +37,9 @@ from .mamba2 import (
     advance_cursor,
     flush_list,
     flush_programs,
+    fold_precision,
     reads_narrow_copy,
+    split_terms,
     verify_chunk,
     verify_precision,
 )
@@ -104,6 +108,7 @@ def _gdn_prep_kernel(
     list_ptr, nrows,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr,
     LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, RECOMPUTE: tl.constexpr,
+    FOLD_PREC: tl.constexpr = "ieee",
 ):
     """Per (row, key head), once per step: ``k_j . k`` and ``k_j . q`` for the buffered keys
     and ``k . q`` (both value heads of a key head read them: 2 LB + 1 floats instead of the
@@ -132,7 +137,7 @@ def _gdn_prep_kernel(
         if RECOMPUTE:
             if c == L - 1:
                 mj = j < c
-                KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")  # [j, i] = k_j . k_i
+                KK = tl.dot(Kr, tl.trans(Kr), input_precision=FOLD_PREC)  # [j, i] = k_j . k_i
                 sq = j[:, None] * LB + j[None, :]
                 for r in tl.static_range(HV // HK):
                     h = hk * (HV // HK) + r
@@ -141,7 +146,7 @@ def _gdn_prep_kernel(
                     cum = tl.cumsum(gr, 0)
                     M = tl.where(j[None, :] < j[:, None],
                                  br[:, None] * tl.exp(cum[:, None] - cum[None, :]) * KK, 0.0)
-                    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB))
+                    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB, FOLD_PREC))
                     tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
 
@@ -220,6 +225,7 @@ def _gdn_flush_kernel(
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
     BVF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
+    FOLD_PREC: tl.constexpr = "ieee",
 ):
     """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
     the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
@@ -261,10 +267,10 @@ def _gdn_flush_kernel(
             br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
             Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
                           mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
-            SK = tl.dot(Sf, tl.trans(Kr), input_precision="ieee")  # (BVF, LB): S_c k_j
+            SK = tl.dot(Sf, tl.trans(Kr), input_precision=FOLD_PREC)  # (BVF, LB): S_c k_j
             X = br[None, :] * (Vrf - tl.exp(cum)[None, :] * SK)
             TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
-            Uf = tl.dot(X, TI, input_precision="ieee")
+            Uf = tl.dot(X, TI, input_precision=FOLD_PREC)
         elif not RECORDS:
             Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
                          mask=mj[None, :] & mvf[:, None], other=0.0)
@@ -289,7 +295,7 @@ def _gdn_flush_kernel(
         else:
             wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
             uf = beta * (vf - wf)
-            Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision="ieee")
+            Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision=FOLD_PREC)
         Sf = Sf + uf[:, None] * k[None, :]
         of = tl.sum(Sf * q[None, :], axis=1)
         tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
@@ -345,6 +351,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     flush_block_v: int | None = None,
                     flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                     flush_stages: int | None = None, flush_fold: str | None = None,
+                    flush_precision: str | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
@@ -376,7 +383,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         _gdn_prep_kernel[(Bsz, HK)](
             q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
             cache.cursor, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L, CAP=cache.capacity,
-            LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, RECOMPUTE=cfg.recompute_u, num_warps=4)
+            LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, RECOMPUTE=cfg.recompute_u,
+            FOLD_PREC=fold_precision(flush_precision), num_warps=4)
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
@@ -390,7 +398,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
             RECORDS=_records(flush_fold), STAGES=flush_stages,
-            num_warps=flush_warps or _flush_warps(cfg))
+            FOLD_PREC=fold_precision(flush_precision), num_warps=flush_warps or _flush_warps(cfg))
     if advance:
         advance_cursor(cache, slots)
     return o
@@ -436,8 +444,12 @@ def _gdn_verify_prep_kernel(
                           other=0.0).to(tl.float32)
             KrT = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[None, :]) * K + k0 + kc[:, None],
                           mask=(j < c)[None, :], other=0.0).to(tl.float32)
-            rr += tl.dot(KQ, KrT, input_precision=PREC)
-            dd += tl.dot(KQ, KdT, input_precision=PREC)
+            if PREC == "bf16x3":  # bf16 activations: one exact product each
+                rr = split_dot(KQ, KrT, rr, 1)
+                dd = split_dot(KQ, KdT, dd, 1)
+            else:
+                rr += tl.dot(KQ, KrT, input_precision=PREC)
+                dd += tl.dot(KQ, KdT, input_precision=PREC)
         out = kd_ptr + (b * HK + hk) * (TB2 * LB + TB2 * TB2)
         tl.store(out + col[:, None] * LB + j[None, :], rr)
         tl.store(out + TB2 * LB + col[:, None] * TB2 + col[None, :], dd)
@@ -452,14 +464,16 @@ def _gdn_verify_kernel(
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr,
-    LOG_TB2: tl.constexpr, PREC: tl.constexpr = "ieee",
+    LOG_TB2: tl.constexpr, PREC: tl.constexpr, SMALL: tl.constexpr, TERMS: tl.constexpr,
 ):
     """All T drafts in chunk form on stacked columns (``_draft_columns``): Z (BV, TB2) =
     e^{g cum} S [k_i | q_i] + committed records, accumulated over fp32 ``tl.dot``s whose
     inner dimension is KC state columns or 16 records, so no wide operand lives in
     registers. Key columns give w_i, from which the draft u's follow as one product with the
     UT transform ``(I + M)^-T``; query columns plus the drafts' u's give the outputs. Appends
-    the drafts after the committed records (the cursor does not move)."""
+    the drafts after the committed records (the cursor does not move). PREC is the state
+    product's ``dot_precision`` (``"bf16x3"``: ``split_dot`` with TERMS pieces, the row scale
+    applied after), SMALL the others'."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     vt = tl.program_id(2)
@@ -482,13 +496,19 @@ def _gdn_verify_kernel(
         total = tl.sum(gr, 0) + cd  # (TB2,) g since the checkpoint up to the column's draft
         row = ((b * T + d) * HK + hk) * K
         Z = tl.zeros((BV, TB2), dtype=tl.float32)
+        SPLIT: tl.constexpr = PREC == "bf16x3"
         for k0 in tl.range(0, K, KC):
             S = load_cols(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                           src_bs_ptr + slot * s_srcbs, h * V + vv, k0, mv, SRC_FMT, BV, K, KC,
-                          True)
+                          True, not SPLIT)
             KQT = tl.load(k_ptr + row[None, :] + k0 + kc[:, None], mask=isk[None, :], other=0.0)
             KQT += tl.load(q_ptr + row[None, :] + k0 + kc[:, None], mask=isq[None, :], other=0.0)
-            Z += tl.dot(S, KQT.to(tl.float32), input_precision=PREC)
+            if SPLIT:
+                Z = split_dot(S, KQT.to(tl.float32), Z, TERMS)
+            else:
+                Z += tl.dot(S, KQT.to(tl.float32), input_precision=PREC)
+        if SPLIT:
+            Z = row_scales(src_rs_ptr + slot * s_srcrs, h * V + vv, mv, SRC_FMT, BV)[:, None] * Z
         Z = tl.exp(total)[None, :] * Z
         kd = kd_ptr + (b * HK + hk) * (TB2 * LB + TB2 * TB2)
         done = 0.0
@@ -502,20 +522,20 @@ def _gdn_verify_kernel(
             RT = tl.load(kd + col[None, :] * LB + j[:, None], mask=mj[:, None], other=0.0)
             U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                         mask=mj[None, :] & mv[:, None], other=0.0)
-            Z += tl.dot(U, E * RT, input_precision=PREC)
+            Z += tl.dot(U, E * RT, input_precision=SMALL)
         # drafts: (I + M) u = beta (v - w) on key columns, then the query columns' outputs
         DD = tl.load(kd + TB2 * LB + col[:, None] * TB2 + col[None, :])
         earlier = (col[None, :] <= d[:, None]) & isk[None, :]
         ED = tl.where(earlier, tl.exp(cd[:, None] - cd[None, :]), 0.0) * DD
         M = tl.where(isk[:, None] & (col[None, :] < col[:, None]), bd[:, None] * ED, 0.0)
-        TI = tl.trans(unit_lower_inverse(M, TB2, LOG_TB2, PREC))
+        TI = tl.trans(unit_lower_inverse(M, TB2, LOG_TB2, SMALL))
         mk = isk[None, :] & mv[:, None]
         Vd = tl.load(v_ptr + ((b * T + col[None, :]) * HV + h) * V + vv[:, None], mask=mk,
                      other=0.0).to(tl.float32)
         X = tl.where(isk[None, :], bd[None, :] * (Vd - Z), 0.0)
-        Ud = tl.dot(X, TI, input_precision=PREC)
+        Ud = tl.dot(X, TI, input_precision=SMALL)
         N2 = tl.where(isq[:, None], ED, 0.0)
-        O = Z + tl.dot(Ud, tl.trans(N2), input_precision=PREC)
+        O = Z + tl.dot(Ud, tl.trans(N2), input_precision=SMALL)
         tl.store(o_ptr + ((b * T + d[None, :]) * HV + h) * V + vv[:, None], O,
                  mask=isq[None, :] & mv[:, None])
         pos = c + col
@@ -599,7 +619,7 @@ def _ring_args(cache: ReplayCache):
 
 
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
-               num_warps: int = 2, chunk: int = 32, dot_precision: str = "tf32x3") -> torch.Tensor:
+               num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto") -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
     ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
@@ -619,9 +639,11 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
         raise ValueError("slots must be int32")
     if block_v < 16:
         raise ValueError(f"block_v must be >= 16, got {block_v}")
-    KC, prec = verify_chunk(K, chunk), verify_precision(dot_precision)
-    o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     src = cache.read if cache.read is not None else cache.ckpt
+    act = {q.dtype, k.dtype, cache.ring["k"].dtype}
+    KC = verify_chunk(K, chunk)
+    prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
+    o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     BV = min(block_v, max(16, triton.next_power_of_2(V)))
     TB2, LB = max(16, triton.next_power_of_2(2 * T)), max(16, triton.next_power_of_2(cache.capacity))
     kd = torch.empty(Bsz, HK, TB2 * LB + TB2 * TB2, device=q.device, dtype=torch.float32)
@@ -633,7 +655,8 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
         q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
         kd, T=T, TB2=TB2, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
-        LOG_TB2=TB2.bit_length() - 1, PREC=prec, num_warps=num_warps)
+        LOG_TB2=TB2.bit_length() - 1, PREC=prec, SMALL="tf32x3" if prec == "bf16x3" else prec,
+        TERMS=split_terms(_fmt(src)), num_warps=num_warps)
     return o
 
 

@@ -23,7 +23,9 @@ from .common import (
     e2m1_table,
     load_cols,
     load_rows,
+    row_scales,
     rows_dot,
+    split_dot,
     sr_words_for,
     store_rows,
     write_state,
@@ -195,6 +197,7 @@ def _mamba2_flush_kernel(
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
     BPF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
+    FOLD_PREC: tl.constexpr = "ieee",
 ):
     """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
     flush list. Each tile folds the L-1 buffered records and the current token into the
@@ -241,7 +244,7 @@ def _mamba2_flush_kernel(
                          mask=mj[:, None], other=0.0).to(tl.float32)
             xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
                           mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
-            updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision="ieee")
+            updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision=FOLD_PREC)
         Sf = tl.exp(A * total) * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
         yf = tl.sum(Sf * Cv[None, :], axis=1)
         if HAS_D:
@@ -325,6 +328,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        flush_block_p: int | None = None,
                        flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                        flush_stages: int | None = None, flush_fold: str | None = None,
+                       flush_precision: str | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -375,7 +379,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
-        RECORDS=_records(flush_fold or fold), num_warps=flush_warps or fwarps)
+        RECORDS=_records(flush_fold or fold), FOLD_PREC=fold_precision(flush_precision),
+        num_warps=flush_warps or fwarps)
     if advance:
         advance_cursor(cache, slots)
     return y
@@ -440,6 +445,17 @@ def mamba2_flush_knobs(cfg) -> tuple[str, int, int]:
 
 
 FLUSH_FOLDS = ("dot", "records")
+FOLD_PRECISIONS = ("ieee", "tf32x3")
+
+
+def fold_precision(flush_precision: str | None) -> str:
+    """``flush_precision``: the input precision of the flush's matrix products (the ``"dot"``
+    fold, GDN's u recompute): ``"ieee"`` (default, fp32 FMAs) or ``"tf32x3"`` (tensor cores,
+    each fp32 operand as a TF32 head and tail)."""
+    prec = flush_precision or "ieee"
+    if prec not in FOLD_PRECISIONS:
+        raise ValueError(f"flush_precision must be one of {FOLD_PRECISIONS}, got {flush_precision!r}")
+    return prec
 
 
 def _records(flush_fold: str | None) -> bool:
@@ -499,8 +515,12 @@ def _mamba2_verify_prep_kernel(
                           other=0.0).to(tl.float32)
             BrT = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[None, :]) * N + k0 + kc[:, None],
                           mask=(j < c)[None, :], other=0.0).to(tl.float32)
-            cbr += tl.dot(Cd, BrT, input_precision=PREC)
-            cbd += tl.dot(Cd, BdT, input_precision=PREC)
+            if PREC == "bf16x3":  # bf16 activations: one exact product each
+                cbr = split_dot(Cd, BrT, cbr, 1)
+                cbd = split_dot(Cd, BdT, cbd, 1)
+            else:
+                cbr += tl.dot(Cd, BrT, input_precision=PREC)
+                cbd += tl.dot(Cd, BdT, input_precision=PREC)
         out = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
         tl.store(out + i[:, None] * LB + j[None, :], cbr)
         tl.store(out + TB * LB + i[:, None] * TB + i[None, :], cbd)
@@ -515,14 +535,15 @@ def _mamba2_verify_kernel(
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, KC: tl.constexpr,
-    PREC: tl.constexpr = "ieee",
+    PREC: tl.constexpr, SMALL: tl.constexpr, TERMS: tl.constexpr,
 ):
     """All T draft outputs at once in chunk form, Y (BP, TB) = S C^T e^{A cum} + (committed
-    records) + (drafts), as one accumulator over fp32 ``tl.dot``s with a 16- or KC-wide
-    inner dimension: KC state columns at a time, then 16 committed records at a time (the
-    group's ``C . B`` products from ``_mamba2_verify_prep_kernel``), then the drafts. No
-    operand wider than KC lives in registers. Appends the drafts after the committed records
-    (the cursor does not move)."""
+    records) + (drafts), as one accumulator over ``tl.dot``s with a 16- or KC-wide inner
+    dimension: KC state columns at a time, then 16 committed records at a time (the group's
+    ``C . B`` products from ``_mamba2_verify_prep_kernel``), then the drafts. No operand wider
+    than KC lives in registers. PREC is the state product's ``dot_precision`` (``"bf16x3"``:
+    ``split_dot`` with TERMS pieces, the row scale applied after), SMALL the others'.
+    Appends the drafts after the committed records (the cursor does not move)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     pt = tl.program_id(2)
@@ -545,13 +566,19 @@ def _mamba2_verify_kernel(
         total = tl.sum(dtr, 0) + cd  # (TB,) dt since the checkpoint up to draft i
         Y = tl.zeros((BP, TB), dtype=tl.float32)
         draft = ((b * T + i) * G + g) * N
+        SPLIT: tl.constexpr = PREC == "bf16x3"
         for k0 in tl.range(0, N, KC):
             S = load_cols(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                           src_bs_ptr + slot * s_srcbs, h * P + p, k0, mp, SRC_FMT, BP, N, KC,
-                          True)
+                          True, not SPLIT)
             CdT = tl.load(C_ptr + draft[None, :] + k0 + kc[:, None], mask=mi[None, :],
                           other=0.0).to(tl.float32)
-            Y += tl.dot(S, CdT, input_precision=PREC)
+            if SPLIT:
+                Y = split_dot(S, CdT, Y, TERMS)
+            else:
+                Y += tl.dot(S, CdT, input_precision=PREC)
+        if SPLIT:
+            Y = row_scales(src_rs_ptr + slot * s_srcrs, h * P + p, mp, SRC_FMT, BP)[:, None] * Y
         Y = tl.exp(A * total)[None, :] * Y
         cb = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
         done = 0.0
@@ -565,14 +592,14 @@ def _mamba2_verify_kernel(
             CBr = tl.load(cb + i[None, :] * LB + j[:, None], mask=mj[:, None], other=0.0)
             xrT = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[None, :]) * P + p[:, None],
                           mask=mj[None, :] & mp[:, None], other=0.0).to(tl.float32)
-            Y += tl.dot(xrT, W * CBr, input_precision=PREC)
+            Y += tl.dot(xrT, W * CBr, input_precision=SMALL)
         # drafts k <= i
         Wd = tl.exp(A * (cd[None, :] - cd[:, None])) * dtd[:, None]
         Wd = tl.where((i[:, None] <= i[None, :]) & mi[:, None], Wd, 0.0)
         CBd = tl.load(cb + TB * LB + i[None, :] * TB + i[:, None])
         xdT = tl.load(x_ptr + ((b * T + i[None, :]) * H + h) * P + p[:, None],
                       mask=mi[None, :] & mp[:, None], other=0.0).to(tl.float32)
-        Y += tl.dot(xdT, Wd * CBd, input_precision=PREC)
+        Y += tl.dot(xdT, Wd * CBd, input_precision=SMALL)
         if HAS_D:
             Y += tl.load(D_ptr + h).to(tl.float32) * xdT
         mo = mi[None, :] & mp[:, None]
@@ -687,17 +714,37 @@ def shift_and_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Te
                                                   cache.flush_index, L=L, BLOCK=256, nrows=n)
 
 
-DOT_PRECISIONS = ("ieee", "tf32x3")
+DOT_PRECISIONS = ("auto", "bf16x3", "tf32x3", "ieee")
 
 
-def verify_precision(dot_precision: str) -> str:
-    """``dot_precision`` of the verify's products: ``"tf32x3"`` (default; each fp32 operand
-    split into a TF32 head and tail, three tensor-core products, fp32 accumulation: output
-    error 2.4-2.8e-7 relative at the paper shapes against 1.0-2.2e-7 for ``"ieee"``) or
-    ``"ieee"`` (fp32 FMAs, 2-4x slower on the H200: reports/kernels/verify_r20_sweep.log)."""
+def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
+    """The verify's state product (H200, batch 256, reports/kernels/verify_r22_sweep.log,
+    check_r22_verify.log; output error relative to the reference at the paper shapes):
+
+    * ``"bf16x3"``: the state as the bf16 pieces that hold its values (``split_dot``: one for
+      bf16 / fp8 / NVFP4 states without their row scale, two for fp16, three for fp32) times
+      bf16 activations, so every product is exact; the tensor cores' fp32 accumulation still
+      rounds (1.9-2.4e-7 with one piece, 4.1-4.4e-7 with three);
+    * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products
+      (2.3-2.5e-7);
+    * ``"ieee"``: fp32 FMAs (1.0-1.5e-7), 2-4x slower;
+    * ``"auto"`` (default): ``bf16x3`` for bf16 activations (against ``tf32x3``: NVFP4 read
+      copies 1.6-1.7x faster, fp32 states as fast on Nemotron-3-Super and Qwen3.5 and 1.2x
+      faster on Nemotron-3-Nano-4B), else ``tf32x3``."""
     if dot_precision not in DOT_PRECISIONS:
         raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got {dot_precision!r}")
+    bf16 = act_dtype == torch.bfloat16
+    if dot_precision == "auto":
+        return "bf16x3" if bf16 else "tf32x3"
+    if dot_precision == "bf16x3" and not bf16:
+        raise ValueError(f"dot_precision='bf16x3' needs bf16 activations, got {act_dtype}")
     return dot_precision
+
+
+def split_terms(fmt_code: int) -> int:
+    """bf16 pieces that hold a stored state value exactly (row scale aside): 3 for fp32, 2 for
+    fp16, 1 for bf16 / fp8 / NVFP4."""
+    return {0: 3, 1: 2}.get(fmt_code, 1)
 
 
 def verify_chunk(n: int, chunk: int) -> int:
@@ -719,7 +766,7 @@ def verify_block(P: int) -> int:
 
 
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
-                  num_warps: int = 1, chunk: int = 32, dot_precision: str = "tf32x3") -> torch.Tensor:
+                  num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto") -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
     prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
@@ -739,9 +786,11 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     block_p = block_p or verify_block(P)
     if block_p < 16:
         raise ValueError(f"block_p must be >= 16, got {block_p}")
-    KC, prec = verify_chunk(N, chunk), verify_precision(dot_precision)
-    y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
     src = cache.read if cache.read is not None else cache.ckpt
+    act = {C.dtype, Bm.dtype, cache.ring["B"].dtype}
+    KC = verify_chunk(N, chunk)
+    prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
+    y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     BP = min(block_p, max(16, triton.next_power_of_2(P)))
     TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
@@ -753,7 +802,9 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
         x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor, cb,
         T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec, num_warps=num_warps)
+        SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec,
+        SMALL="tf32x3" if prec == "bf16x3" else prec, TERMS=split_terms(_fmt(src)),
+        num_warps=num_warps)
     return y
 
 
