@@ -726,7 +726,7 @@ def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
       bf16 activations, so every product is exact; the tensor cores' fp32 accumulation still
       rounds (1.9-2.4e-7 with one piece, 4.1-4.4e-7 with three);
     * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products
-      (2.3-2.5e-7);
+      (2.1-2.5e-7);
     * ``"ieee"``: fp32 FMAs (1.0-1.5e-7), 2-4x slower;
     * ``"auto"`` (default): ``bf16x3`` for bf16 activations (against ``tf32x3``: NVFP4 read
       copies 1.6-1.7x faster, fp32 states as fast on Nemotron-3-Super and Qwen3.5 and 1.2x
