@@ -207,7 +207,8 @@ def _variants(kind: str, cfg, args) -> list[dict]:
     flush tiles x warps x persistent programs per SM (non-flush knobs at their defaults)."""
     mk = "block_p" if kind == "mamba2" else "block_v"
     fk = "flush_block_p" if kind == "mamba2" else "flush_block_v"
-    out = [{mk: b, "num_warps": w} for b, w in itertools.product(args.blocks, args.warps)]
+    out = [{mk: b, "num_warps": w, **({"tile_first": True} if o == "tile" else {})}
+           for b, w, o in itertools.product(args.blocks, args.warps, args.orders)]
     if cfg.L > 1:
         if cfg.read is not None and cfg.read.name == "nvfp4":
             out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
@@ -315,6 +316,9 @@ def main() -> int:
                          "library's default for the config)")
     ap.add_argument("--folds", nargs="*", default=["dot"], choices=list(km.FLUSH_FOLDS),
                     help="flush_fold values to sweep")
+    ap.add_argument("--orders", nargs="*", default=["row"], choices=["row", "tile"],
+                    help="grid orders of the conventional / non-flush launches to sweep "
+                         "(row: (rows, heads, tiles); tile: (tiles, heads, rows))")
     ap.add_argument("--fprecs", nargs="*", default=["ieee"], choices=list(km.FOLD_PRECISIONS),
                     help="flush_precision values to sweep")
     ap.add_argument("--check-flush-precision", choices=list(km.FOLD_PRECISIONS), default=None,

@@ -139,6 +139,14 @@ def test_rows_flushing_on_different_steps(kind, name):
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["fp32", "replay-fp32", "nvfp4-read/fp16-sr"])
+def test_tile_first_grid_matches_reference(kind, name):
+    """The (tiles, heads, rows) launch grid (``tile_first``) reads the same rows and heads."""
+    cfg = _small_L(PRESETS[name])
+    _run(kind, cfg, stagger=cfg.L > 1, tile_first=True)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "shared-fp8", "nvfp4-read/fp8-sr"])
 def test_records_flush_fold_matches_reference(kind, name):
     """The flush that folds record by record (``flush_fold="records"``), with rows flushing
@@ -275,3 +283,13 @@ def test_launch_defaults_follow_the_measured_table():
     assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 32, 4)
     custom = replace(PRESETS["nvfp4-read/fp16-sr"], ckpt=F.canonical_format("bf16"))
     assert mamba2_flush_knobs(custom) == ("dot", 32, 8)
+
+
+def test_grid_order_defaults_follow_the_measured_table():
+    """tune_r27_grid_order.log: conventional steps and multi-tile Mamba-2 heads tile-first."""
+    from replayssm_quant.kernels.gdn import gdn_tile_first
+    from replayssm_quant.kernels.mamba2 import mamba2_tile_first
+
+    assert mamba2_tile_first(0, 64, 64) and mamba2_tile_first(17, 80, 32)
+    assert not mamba2_tile_first(17, 64, 64)
+    assert gdn_tile_first(0) and not gdn_tile_first(17)

@@ -187,7 +187,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
         sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
-                      HAS_D=True, BP=block, LUT=False)
+                      HAS_D=True, BP=block, LUT=False,
+                      TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block))
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
@@ -204,7 +205,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
         sig.update(_sig("cur_ptr kd_ptr lut_ptr", types, "*fp32"))
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
-                      SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False)
+                      SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
+                      TILE_FIRST=False)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
@@ -242,14 +244,14 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
             sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
             sig.update(seed="i32", layer="i32")
             return kg._gdn_conv_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, CK_FMT=ck, SR=sr,
-                                                  BV=block)
+                                                  BV=block, TILE_FIRST=True)
         sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr ck_ptr ck_rs_ptr "
                    "ck_bs_ptr", types, "*fp32")
         sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
         sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
         sig.update(seed="i32", layer="i32")
         return km._mamba2_conv_kernel, sig, dict(H=128, P=64, N=128, G=8, CK_FMT=ck, SR=sr,
-                                                 HAS_D=True, BP=block)
+                                                 HAS_D=True, BP=block, TILE_FIRST=True)
     raise SystemExit(f"unknown target {name!r}")
 
 

@@ -67,6 +67,7 @@ class ReplayCache:
     capacity: int
     layer: int = 0
     seed: int = 0
+    drafted: torch.Tensor | None = None  # drafts of the last verify (reference path only)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"ckpt": self.ckpt.data, "cursor": self.cursor, "flush_index": self.flush_index}
@@ -153,3 +154,57 @@ def cache_from_reference(state) -> ReplayCache:
     cap = state.capacity if (state.cfg.L > 1 or state.spec_tokens) else 0
     return ReplayCache(state.cfg, kind, st(state.ckpt), st(state.read), ring, state.cursor,
                        state.flush_index, state.nan_count.view(1), cap, state.layer, state.seed)
+
+
+def reference_state(cache: ReplayCache):
+    """The pure-torch reference's state (``ssm.mamba2`` / ``ssm.gdn``) over the cache's own
+    tensors, so reference steps update the cache in place: the decode entry points run the
+    reference this way on devices without Triton."""
+    from ..formats import QTensor, canonical_format
+    from ..ssm.gdn import GDNState
+    from ..ssm.mamba2 import Mamba2State
+    from ..ssm.replay import make_sr_sequence
+
+    def qt(st: StateTensors | None):
+        if st is None:
+            return None
+        return QTensor(canonical_format(st.fmt), st.data, st.row_scale, st.block_scale)
+
+    n = cache.cursor.shape[0]
+    if cache.drafted is None:
+        cache.drafted = torch.zeros(n, dtype=torch.int32, device=cache.cursor.device)
+    r = cache.ring
+    act = (r["x"] if cache.kind == "mamba2" else r["k"]).dtype
+    common = dict(
+        cfg=cache.cfg, layer=cache.layer, seed=cache.seed, ckpt=qt(cache.ckpt), read=qt(cache.read),
+        cursor=cache.cursor, flush_index=cache.flush_index, nan_count=cache.nan_count.view(()),
+        drafted=cache.drafted, sr_sequence=make_sr_sequence(None, n, cache.cursor.device),
+        spec_tokens=max(cache.capacity - cache.cfg.L, 0), act_dtype=act)
+    if cache.kind == "mamba2":
+        return Mamba2State(x=r["x"], dt=r["dt"], B=r["B"], **common)
+    return GDNState(k=r["k"], u=r["u"], g=r["g"], v=r.get("v"), beta=r.get("beta"), **common)
+
+
+def runs_reference(t: torch.Tensor) -> bool:
+    """Whether the decode entry points run the reference for inputs on ``t``'s device: any
+    device but CUDA, unless Triton's interpreter is on (``TRITON_INTERPRET=1``, how the tests
+    run the kernels on a CPU)."""
+    import os
+
+    return not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def reference_call(cache: ReplayCache, fn, *, advance: bool = True,
+                   out: torch.Tensor | None = None):
+    """Run ``fn(reference_state(cache))`` (a reference decode step, verify or commit). With
+    ``advance=False`` the cursor and flush index keep their values, as the kernels leave them
+    to ``advance_cursor``; ``out`` receives the result when given."""
+    keep = None if advance else (cache.cursor.clone(), cache.flush_index.clone())
+    y = fn(reference_state(cache))
+    if keep is not None:
+        cache.cursor.copy_(keep[0])
+        cache.flush_index.copy_(keep[1])
+    if out is not None and y is not None:
+        out.copy_(y)
+        return out
+    return y

@@ -340,6 +340,22 @@ def nvfp4_row_decode(packed, bscale, row_scale, BR: tl.constexpr, N: tl.constexp
 
 
 @triton.jit
+def row_head_tile(TILE_FIRST: tl.constexpr):
+    """(batch row, head, tile) of a program of a per-(row, head, tile) grid, launched as
+    ``step_grid``: (rows, heads, tiles), or (tiles, heads, rows) with TILE_FIRST, so that
+    programs launched together walk one cache slot's contiguous state."""
+    if TILE_FIRST:
+        return tl.program_id(2), tl.program_id(1), tl.program_id(0)
+    else:
+        return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+
+def step_grid(rows: int, heads: int, tiles: int, tile_first: bool) -> tuple[int, int, int]:
+    """The launch grid ``row_head_tile`` reads."""
+    return (tiles, heads, rows) if tile_first else (rows, heads, tiles)
+
+
+@triton.jit
 def load_cols(base, rscale_base, bscale_base, rows, k0, mask_r, FMT: tl.constexpr,
               BR: tl.constexpr, N: tl.constexpr, KC: tl.constexpr, WORDS: tl.constexpr = False,
               ROW_SCALE: tl.constexpr = True):

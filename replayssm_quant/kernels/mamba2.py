@@ -16,17 +16,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .cache import ReplayCache, slot_stride
+from ..ssm import mamba2 as ref
+from .cache import ReplayCache, reference_call, runs_reference, slot_stride
 from .common import (
     FMT_CODES,
     FMT_NONE,
     e2m1_table,
     load_cols,
     load_rows,
+    row_head_tile,
     row_scales,
     rows_dot,
     split_dot,
     sr_words_for,
+    step_grid,
     store_rows,
     write_state,
 )
@@ -43,10 +46,9 @@ def _mamba2_conv_kernel(
     fi_ptr, nan_ptr, seed, layer,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     CK_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr,
+    TILE_FIRST: tl.constexpr = False,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    pt = tl.program_id(2)
+    b, h, pt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         g = h // (H // G)
@@ -143,13 +145,12 @@ def _mamba2_nonflush_kernel(
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
+    TILE_FIRST: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
     once: the flush kernel serves them."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    pt = tl.program_id(2)
+    b, h, pt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
@@ -328,7 +329,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        flush_block_p: int | None = None,
                        flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                        flush_stages: int | None = None, flush_fold: str | None = None,
-                       flush_precision: str | None = None,
+                       flush_precision: str | None = None, tile_first: bool | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -339,20 +340,24 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     rows (``block_p`` rows per program, ``num_warps``), and a persistent grid over the
     flushing rows' tiles (``flush_block_p`` rows, ``flush_warps``).
     """
+    if runs_reference(x):
+        return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
+                              advance=advance, out=out)
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
     cfg = cache.cfg
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     kb, kw = mamba2_step_knobs(cfg, P, N)
     BP = block_p or kb
-    grid = (Bsz, H, triton.cdiv(P, BP))
+    tf = mamba2_tile_first(cache.capacity, P, BP) if tile_first is None else tile_first
+    grid = step_grid(Bsz, H, triton.cdiv(P, BP), tf)
     d = D if D is not None else A
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:
         _mamba2_conv_kernel[grid](
             x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
             cache.seed, cache.layer, H=H, P=P, N=N, G=G, CK_FMT=_fmt(cache.ckpt),
-            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, num_warps=num_warps or kw)
+            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, TILE_FIRST=tf, num_warps=num_warps or kw)
         if advance:
             advance_cursor(cache, slots)
         return y
@@ -369,7 +374,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
         slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, num_warps=num_warps or kw)
+        BP=BP, LUT=lut, TILE_FIRST=tf, num_warps=num_warps or kw)
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
@@ -387,6 +392,17 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
 
 
 FLUSH_PROGRAMS_PER_SM = 4
+
+
+def mamba2_tile_first(capacity: int, P: int, block_p: int) -> bool:
+    """Default grid order of the conventional / non-flush step (``tile_first``,
+    ``common.row_head_tile``), measured on the H200 at batch 256
+    (reports/kernels/tune_r27_grid_order.log): (tiles, heads, rows) for the conventional
+    step, whose programs then read and write one slot's state in order (Nemotron-3-Super
+    626 -> 590 us, Nano-4B 600 -> 560 us), and for non-flush steps whose heads take more than
+    one tile (Nano-4B's 80 rows: 283 -> 264 us); (rows, heads, tiles) otherwise (Super's
+    one-tile heads: 279 vs 282 us)."""
+    return capacity == 0 or triton.cdiv(P, block_p) > 1
 
 
 def flush_stages_for(cfg) -> int | None:
@@ -773,6 +789,8 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     ``block_p`` head-dim rows (>= 16) per program, ``chunk`` d_state columns per product,
     ``dot_precision`` as in ``verify_precision``; the defaults measured fastest on the H200 at
     batch 256 (reports/kernels/verify_r20_sweep.log)."""
+    if runs_reference(x):
+        return reference_call(cache, lambda st: ref.verify(st, x, dt, A, Bm, C, D, slots))
     Bsz, T, H, P = x.shape
     G, N = Bm.shape[-2:]
     _check_inputs(cache, x[:, 0].contiguous(), dt[:, 0].contiguous(), A, Bm[:, 0].contiguous(),
@@ -814,6 +832,9 @@ def mamba2_commit(cache: ReplayCache, accepted: torch.Tensor, A, slots, *,
     L into the checkpoint (flush numerics and SR key), the rest move to the ring's start."""
     if accepted.dtype != torch.int32:
         raise ValueError("accepted must be int32")
+    if runs_reference(accepted):
+        reference_call(cache, lambda st: ref.commit(st, accepted, slots, A))
+        return
     H, P = cache.ckpt.data.shape[1:3]
     G, N = cache.ring["B"].shape[1], cache.ring["B"].shape[-1]
     cfg = cache.cfg
