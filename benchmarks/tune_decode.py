@@ -247,10 +247,11 @@ def verify_sweep(args) -> int:
     T = 3 if SMOKE else 8
     kinds = sorted({SHAPES[s].kind for s in args.shapes})
     variants = [{"verify": {("block_p" if kind == "mamba2" else "block_v"): b,
-                            "num_warps": w, "chunk": kc, "dot_precision": pr}}
+                            "num_warps": w, "chunk": kc, "dot_precision": pr,
+                            **({"tile_first": True} if o == "tile" else {})}}
                 for kind in kinds
-                for b, w, kc, pr in itertools.product(args.vblocks, args.vwarps, args.vchunks,
-                                                      args.vprecs)]
+                for b, w, kc, pr, o in itertools.product(args.vblocks, args.vwarps, args.vchunks,
+                                                         args.vprecs, args.orders)]
     jobs = [(s, PRESETS[c], kw, T, DEV) for s in args.shapes for c in VERIFY_CONFIGS
             for kw in variants if next(iter(kw["verify"])) == (
                 "block_p" if SHAPES[s].kind == "mamba2" else "block_v")]

@@ -26,15 +26,16 @@ def _through(a: dict, act: torch.dtype, *keys: str) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
-@pytest.mark.parametrize("name,L,chunk,act", [
-    ("replay-fp32", 4, 16, torch.float32), ("nvfp4-read/fp16-sr", 4, 32, torch.float32),
-    ("shared-fp8", 4, 16, torch.float32), ("replay-fp32", 19, 32, torch.float32),
-    ("replay-fp32", 4, 16, BF16), ("nvfp4-read/fp16-sr", 4, 32, BF16), ("shared-fp8", 4, 16, BF16),
-    ("fp16-sr/L", 4, 16, BF16)])
-def test_verify_commit_matches_reference(kind, name, L, chunk, act):
+@pytest.mark.parametrize("name,L,chunk,act,tile_first", [
+    ("replay-fp32", 4, 16, torch.float32, False), ("nvfp4-read/fp16-sr", 4, 32, torch.float32, True),
+    ("shared-fp8", 4, 16, torch.float32, False), ("replay-fp32", 19, 32, torch.float32, False),
+    ("replay-fp32", 4, 16, BF16, True), ("nvfp4-read/fp16-sr", 4, 32, BF16, False),
+    ("shared-fp8", 4, 16, BF16, False), ("fp16-sr/L", 4, 16, BF16, False)])
+def test_verify_commit_matches_reference(kind, name, L, chunk, act, tile_first):
     """Chunk 16 splits the state product in two; L = 19 puts more than 16 committed records
     in front of the drafts (two record chunks); bf16 activations take the exact bf16-split
-    state product (``split_dot``: three pieces for fp32, two for fp16, one for fp8 / NVFP4)."""
+    state product (``split_dot``: three pieces for fp32, two for fp16, one for fp8 / NVFP4);
+    ``tile_first`` launches the (tiles, heads, rows) grid."""
     if name == "fp16-sr/L":  # an fp16-SR checkpoint read directly (two bf16 pieces)
         cfg = replace(PRESETS["nvfp4-read/fp16-sr"], read=None, L=L)
     else:
@@ -61,14 +62,15 @@ def test_verify_commit_matches_reference(kind, name, L, chunk, act):
             y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
             y = mamba2_verify(cache, a["x"].to(act), a["dt"], a["A"], a["Bm"].to(act),
                               a["C"].to(act), a["D"], SLOTS, block_p=16, chunk=chunk,
-                              dot_precision=prec)
+                              dot_precision=prec, tile_first=tile_first)
             mamba2.commit(ref, acc, SLOTS, a["A"])
             mamba2_commit(cache, acc, a["A"], SLOTS)
         else:
             a = _through(gdn_inputs(3, T, HV, V, K, HK, generator=g), act, "q", "k", "v")
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
             y = gdn_verify(cache, a["q"].to(act), a["k"].to(act), a["v"].to(act), a["g"],
-                           a["beta"], SLOTS, block_v=16, chunk=chunk, dot_precision=prec)
+                           a["beta"], SLOTS, block_v=16, chunk=chunk, dot_precision=prec,
+                           tile_first=tile_first)
             gdn.commit(ref, acc, SLOTS)
             gdn_commit(cache, acc, SLOTS)
         v = SLOTS >= 0

@@ -66,7 +66,7 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
 def _verify_precision(precision: str, src_fmt: int) -> dict:
     """The verify kernel's product constexprs, as ``mamba2_verify`` / ``gdn_verify`` pass them."""
     return dict(PREC=precision, SMALL="tf32x3" if precision == "bf16x3" else precision,
-                TERMS=km.split_terms(src_fmt))
+                TERMS=km.split_terms(src_fmt), TILE_FIRST=False)
 
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,

@@ -478,6 +478,7 @@ def _gdn_verify_kernel(
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr,
     LOG_TB2: tl.constexpr, PREC: tl.constexpr, SMALL: tl.constexpr, TERMS: tl.constexpr,
+    TILE_FIRST: tl.constexpr = False,
 ):
     """All T drafts in chunk form on stacked columns (``_draft_columns``): Z (BV, TB2) =
     e^{g cum} S [k_i | q_i] + committed records, accumulated over fp32 ``tl.dot``s whose
@@ -487,9 +488,7 @@ def _gdn_verify_kernel(
     the drafts after the committed records (the cursor does not move). PREC is the state
     product's ``dot_precision`` (``"bf16x3"``: ``split_dot`` with TERMS pieces, the row scale
     applied after), SMALL the others'."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    vt = tl.program_id(2)
+    b, h, vt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         RATIO: tl.constexpr = HV // HK
@@ -632,12 +631,15 @@ def _ring_args(cache: ReplayCache):
 
 
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
-               num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto") -> torch.Tensor:
+               num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto",
+               tile_first: bool = False) -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
     ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
-    ``dot_precision`` as in ``mamba2.verify_precision``; the defaults measured fastest on the
-    H200 at batch 256 (reports/kernels/verify_r20_sweep.log)."""
+    ``dot_precision`` as in ``mamba2.verify_precision``, ``tile_first`` the grid order
+    (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
+    (reports/kernels/verify_r22_sweep.log; tile-first gained nothing for GDN,
+    verify_r29_grid_order.log)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.verify(st, q, k, v, g, beta, slots))
     Bsz, T, HK, K = q.shape
@@ -666,12 +668,12 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
     _gdn_verify_prep_kernel[(Bsz, HK)](q, k, slots, kr, slot_stride(kr), cache.cursor, kd,
                                        T=T, TB2=TB2, HK=HK, K=K, CAP=cache.capacity, LB=LB, KC=KC,
                                        PREC=prec, num_warps=1)
-    _gdn_verify_kernel[(Bsz, HV, triton.cdiv(V, BV))](
+    _gdn_verify_kernel[step_grid(Bsz, HV, triton.cdiv(V, BV), tile_first)](
         q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
         kd, T=T, TB2=TB2, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
         LOG_TB2=TB2.bit_length() - 1, PREC=prec, SMALL="tf32x3" if prec == "bf16x3" else prec,
-        TERMS=split_terms(_fmt(src)), num_warps=num_warps)
+        TERMS=split_terms(_fmt(src)), TILE_FIRST=tile_first, num_warps=num_warps)
     return o
 
 

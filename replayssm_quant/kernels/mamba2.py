@@ -552,6 +552,7 @@ def _mamba2_verify_kernel(
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, KC: tl.constexpr,
     PREC: tl.constexpr, SMALL: tl.constexpr, TERMS: tl.constexpr,
+    TILE_FIRST: tl.constexpr = False,
 ):
     """All T draft outputs at once in chunk form, Y (BP, TB) = S C^T e^{A cum} + (committed
     records) + (drafts), as one accumulator over ``tl.dot``s with a 16- or KC-wide inner
@@ -560,9 +561,7 @@ def _mamba2_verify_kernel(
     than KC lives in registers. PREC is the state product's ``dot_precision`` (``"bf16x3"``:
     ``split_dot`` with TERMS pieces, the row scale applied after), SMALL the others'.
     Appends the drafts after the committed records (the cursor does not move)."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    pt = tl.program_id(2)
+    b, h, pt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         HPG: tl.constexpr = H // G
@@ -782,13 +781,16 @@ def verify_block(P: int) -> int:
 
 
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
-                  num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto") -> torch.Tensor:
+                  num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto",
+                  tile_first: bool = True) -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
     prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
     ``block_p`` head-dim rows (>= 16) per program, ``chunk`` d_state columns per product,
-    ``dot_precision`` as in ``verify_precision``; the defaults measured fastest on the H200 at
-    batch 256 (reports/kernels/verify_r20_sweep.log)."""
+    ``dot_precision`` as in ``verify_precision``, ``tile_first`` the grid order
+    (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
+    (reports/kernels/verify_r22_sweep.log; tile-first: Nemotron-3-Super 438 -> 414 us,
+    verify_r29_grid_order.log)."""
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.verify(st, x, dt, A, Bm, C, D, slots))
     Bsz, T, H, P = x.shape
@@ -816,13 +818,13 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     _mamba2_verify_prep_kernel[(Bsz, G)](Bm, C, slots, Br, slot_stride(Br), cache.cursor, cb,
                                          T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB, KC=KC,
                                          PREC=prec, num_warps=1)
-    _mamba2_verify_kernel[(Bsz, H, triton.cdiv(P, BP))](
+    _mamba2_verify_kernel[step_grid(Bsz, H, triton.cdiv(P, BP), tile_first)](
         x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor, cb,
         T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec,
         SMALL="tf32x3" if prec == "bf16x3" else prec, TERMS=split_terms(_fmt(src)),
-        num_warps=num_warps)
+        TILE_FIRST=tile_first, num_warps=num_warps)
     return y
 
 
