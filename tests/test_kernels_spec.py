@@ -99,3 +99,31 @@ def test_gdn_verify_checks_its_knobs(kw, match):
     with pytest.raises(ValueError, match=match):
         gdn_verify(cache_from_reference(ref), a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
                    **kw)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_verify_nan_drafts_are_reported(kind):
+    """A NaN draft input gives NaN outputs from that draft on (never a finite number), and the
+    commit that folds it counts the NaNs it writes into the checkpoint."""
+    cfg = replace(PRESETS["nvfp4-read/fp16-sr"], L=2)
+    T = 2
+    g = torch.Generator().manual_seed(9)
+    if kind == "mamba2":
+        ref = mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2, spec_tokens=T, seed=2, layer=1)
+        a = mamba2_inputs(3, T, 4, 16, 32, 2, generator=g)
+        a["x"][1, 0] = float("nan")
+    else:
+        ref = gdn.init_gdn_state(cfg, 2, 4, 16, 32, 2, spec_tokens=T, seed=2, layer=1)
+        a = gdn_inputs(3, T, 4, 16, 32, 2, generator=g)
+        a["v"][1, 0] = float("nan")
+    cache = cache_from_reference(ref)
+    acc = torch.tensor([T, T, 0], dtype=torch.int32)
+    if kind == "mamba2":
+        y = mamba2_verify(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
+        mamba2_commit(cache, acc, a["A"], SLOTS)
+    else:
+        y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+        gdn_commit(cache, acc, SLOTS)
+    assert torch.isfinite(y[0]).all()
+    assert torch.isnan(y[1]).any()
+    assert int(cache.nan_count.sum()) > 0
