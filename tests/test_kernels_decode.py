@@ -16,7 +16,7 @@ import triton.language as tl
 from replayssm_quant import formats as F
 from replayssm_quant.kernels.cache import cache_from_reference
 from replayssm_quant.kernels.gdn import gdn_decode_step
-from replayssm_quant.kernels.mamba2 import flush_list, mamba2_decode_step
+from replayssm_quant.kernels.mamba2 import advance_rows, flush_list, mamba2_decode_step
 from replayssm_quant.precision import PRESETS
 from replayssm_quant.ssm import gdn, mamba2
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
@@ -139,6 +139,37 @@ def test_rows_flushing_on_different_steps(kind, name):
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_separate_advance_launch_matches_reference(kind):
+    """``fuse_advance=False``: the cursors move in their own launch after the flush, with the
+    same counters and states as the flush-fused advance (checked every step by ``_run``)."""
+    _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), stagger=True, fuse_advance=False)
+
+
+@triton.jit
+def _advance_rows_kernel(slots_ptr, cur_ptr, fi_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
+    advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, RB)
+
+
+def test_advance_rows_covers_every_row_once():
+    """The strided advance of the flush programs: 3 programs over 150 rows in blocks of 16
+    move each live row's cursor once (wrapping at L, counting the flush) and leave padding
+    rows' slots alone."""
+    g = torch.Generator().manual_seed(5)
+    n, L = 150, 4
+    slots = torch.randperm(n + 10, generator=g)[:n].to(torch.int32)
+    slots[torch.rand(n, generator=g) < 0.2] = -1
+    cur = torch.randint(0, L, (n + 10,), generator=g, dtype=torch.int32)
+    fi = torch.randint(0, 1000, (n + 10,), generator=g, dtype=torch.int32)
+    want_cur, want_fi = cur.clone(), fi.clone()
+    live = slots[slots >= 0].long()
+    flushing = cur[live] == L - 1
+    want_cur[live] = torch.where(flushing, 0, cur[live] + 1)
+    want_fi[live] = fi[live] + flushing.int()
+    _advance_rows_kernel[(3,)](slots, cur, fi, n, L=L, RB=16)
+    assert torch.equal(cur, want_cur) and torch.equal(fi, want_fi)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("name", ["fp32", "replay-fp32", "nvfp4-read/fp16-sr"])
 def test_tile_first_grid_matches_reference(kind, name):
     """The (tiles, heads, rows) launch grid (``tile_first``) reads the same rows and heads."""
@@ -154,6 +185,18 @@ def test_records_flush_fold_matches_reference(kind, name):
     cfg = _small_L(PRESETS[name])
     _run(kind, cfg, stagger=True, flush_fold="records")
     ref, ker = _run(kind, cfg, steps=4, nan_at=1, flush_fold="records")
+    assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "fp8-read/fp32"])
+def test_dot_flush_fold_matches_reference(kind, name):
+    """The flush that folds the window with matrix products (``flush_fold="dot"``; for GDN
+    read copies the u's come from the UT transform built by the prep launch), rows flushing
+    on different steps and a NaN input."""
+    cfg = _small_L(PRESETS[name])
+    _run(kind, cfg, stagger=True, flush_fold="dot")
+    ref, ker = _run(kind, cfg, steps=4, nan_at=1, flush_fold="dot")
     assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
 
 
@@ -218,24 +261,28 @@ def test_rejects_bad_inputs():
 
 
 @triton.jit
-def _flush_list_kernel(slots_ptr, cur_ptr, list_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
-    flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L, RB)
+def _flush_list_kernel(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L: tl.constexpr,
+                       RB: tl.constexpr):
+    flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, RB)
 
 
 def test_flush_list_compacts_across_blocks():
     """The flush list over more rows than one block (RB = 16, 53 rows): the flushing rows in
-    order, their count first; padding rows and other cursors left out."""
+    order with their next flush index, their count first; padding rows and other cursors
+    left out."""
     g = torch.Generator().manual_seed(3)
     n, L = 53, 4
     slots = torch.randperm(n, generator=g).to(torch.int32)
     slots[torch.rand(n, generator=g) < 0.2] = -1
     cur = torch.randint(0, L, (n,), generator=g, dtype=torch.int32)
-    out = torch.full((n + 1,), -7, dtype=torch.int32)
-    _flush_list_kernel[(1,)](slots, cur, out, n, L=L, RB=16)
+    fi = torch.randint(0, 1000, (n,), generator=g, dtype=torch.int32)
+    out = torch.full((2 * n + 1,), -7, dtype=torch.int32)
+    _flush_list_kernel[(1,)](slots, cur, fi, out, n, L=L, RB=16)
     rows = [i for i in range(n) if slots[i] >= 0 and cur[slots[i]] == L - 1]
     assert 3 < len(rows) < n
     assert out[0].item() == len(rows)
-    assert out[1:1 + len(rows)].tolist() == rows
+    assert out[1:1 + 2 * len(rows):2].tolist() == rows
+    assert out[2:2 + 2 * len(rows):2].tolist() == [fi[slots[i]].item() + 1 for i in rows]
 
 
 @pytest.mark.parametrize("P,N,want", [(64, 128, 64), (80, 128, 32), (128, 256, 32), (48, 128, 16),
@@ -293,3 +340,17 @@ def test_grid_order_defaults_follow_the_measured_table():
     assert mamba2_tile_first(0, 64, 64) and mamba2_tile_first(17, 80, 32)
     assert not mamba2_tile_first(17, 64, 64)
     assert gdn_tile_first(0) and not gdn_tile_first(17)
+
+
+def test_small_grid_rows_only_shrink_small_narrow_grids():
+    """Narrow-read non-flush tiles shrink to 16 rows when the grid would be short of programs
+    (batch 1), keep their rows at serving batch sizes, and other configs never change."""
+    from replayssm_quant.kernels.mamba2 import small_grid_rows
+
+    narrow, fp32 = PRESETS["nvfp4-read/fp16-sr"], PRESETS["replay-fp32"]
+    assert small_grid_rows(narrow, 64, 64, 128, 1) == 16       # Super, batch 1: 512 programs
+    assert small_grid_rows(narrow, 64, 128, 64, 1) == 16       # Qwen3.5-122B, batch 1
+    assert small_grid_rows(narrow, 64, 128, 64, 4) == 64       # 4 x 64 x 2 = 512 programs
+    assert small_grid_rows(narrow, 64, 64, 128, 256) == 64
+    assert small_grid_rows(fp32, 32, 64, 128, 1) == 32
+    assert small_grid_rows(PRESETS["fp32"], 32, 64, 128, 1) == 32

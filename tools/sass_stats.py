@@ -165,11 +165,12 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_rd="i64", s_rdrs="i64", s_rdbs="i64")
         sig.update(_sig("xr_ptr dtr_ptr Br_ptr", types, "*fp32"))
         sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
-        sig.update(_sig("list_ptr fi_ptr nan_ptr", types, "*fp32"))
-        sig.update(seed="i32", layer="i32")
+        types["cur_ptr"] = "*i32"
+        sig.update(_sig("list_ptr cur_ptr fi_ptr nan_ptr", types, "*fp32"))
+        sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
-                      STAGES=km.flush_stages_for(cfg), FOLD_PREC="ieee")
+                      STAGES=km.flush_stages_for(cfg), FOLD_PREC="ieee", ADVANCE=True)
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -223,11 +224,12 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_rd="i64", s_rdrs="i64", s_rdbs="i64")
         sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
         sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
-        sig.update(_sig("kd_ptr ti_ptr list_ptr fi_ptr nan_ptr", types, "*fp32"))
-        sig.update(seed="i32", layer="i32")
+        types["cur_ptr"] = "*i32"
+        sig.update(_sig("kd_ptr ti_ptr list_ptr cur_ptr fi_ptr nan_ptr", types, "*fp32"))
+        sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
-                      RECORDS=fold == "records", STAGES=None, FOLD_PREC="ieee")
+                      RECORDS=fold == "records", STAGES=None, FOLD_PREC="ieee", ADVANCE=True)
         return kg._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:

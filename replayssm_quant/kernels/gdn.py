@@ -38,10 +38,12 @@ from .mamba2 import (
     _records,
     _state_args,
     advance_cursor,
+    advance_rows,
     flush_list,
     flush_programs,
     fold_precision,
     reads_narrow_copy,
+    small_grid_rows,
     split_terms,
     verify_chunk,
     verify_precision,
@@ -106,50 +108,55 @@ def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC:
 
 @triton.jit(do_not_specialize=["nrows"])
 def _gdn_prep_kernel(
-    q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, kd_ptr, ti_ptr,
-    list_ptr, nrows,
+    q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, fi_ptr, kd_ptr,
+    ti_ptr, list_ptr, nrows,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr,
-    LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, RECOMPUTE: tl.constexpr,
+    LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, UT: tl.constexpr,
     FOLD_PREC: tl.constexpr = "ieee",
 ):
-    """Per (row, key head), once per step: ``k_j . k`` and ``k_j . q`` for the buffered keys
-    and ``k . q`` (both value heads of a key head read them: 2 LB + 1 floats instead of the
-    LB x d_k keys); program (0, 0) also builds the flush list. On flushing rows whose flush
-    recomputes u, also the UT transform of each value head's window, ``TI = (I + M)^-T``
-    with ``M[j, i] = beta_j exp(cum_j - cum_i) k_j . k_i`` (i < j): the flush then gets its
-    u's as ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1
-    dependent steps."""
+    """Per (row, key head, value head of the key head), once per step: ``k_j . k`` and
+    ``k_j . q`` for the buffered keys and ``k . q`` (program r = 0; every value head of a key
+    head reads them: 2 LB + 1 floats instead of the LB x d_k keys); program (0, 0, 0) also
+    builds the flush list. On flushing rows whose flush recomputes u, program r also builds
+    the UT transform of value head ``hk * HV / HK + r``'s window, ``TI = (I + M)^-T`` with
+    ``M[j, i] = beta_j exp(cum_j - cum_i) k_j . k_i`` (i < j): the flush then gets its u's as
+    ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1 dependent
+    steps. One value head per program keeps the chain of products short at small batch
+    (the grid's third axis is 1 without UT)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
-    if (b == 0) & (hk == 0):
-        flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L, RB)
+    r = tl.program_id(2)
+    if (b == 0) & (hk == 0) & (r == 0):
+        flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, RB)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         kk = tl.arange(0, K)
         j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
-        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
-        out = kd_ptr + (b * HK + hk) * (2 * LB + 1)
-        tl.store(out + j, tl.sum(Kr * k[None, :], axis=1))
-        tl.store(out + LB + j, tl.sum(Kr * q[None, :], axis=1))
-        tl.store(out + 2 * LB, tl.sum(k * q, axis=0))
-        if RECOMPUTE:
+        if r == 0:
+            q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+            k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+            Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                         mask=(j < c)[:, None], other=0.0).to(tl.float32)
+            out = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+            tl.store(out + j, tl.sum(Kr * k[None, :], axis=1))
+            tl.store(out + LB + j, tl.sum(Kr * q[None, :], axis=1))
+            tl.store(out + 2 * LB, tl.sum(k * q, axis=0))
+        if UT:
             if c == L - 1:
                 mj = j < c
-                KK = tl.dot(Kr, tl.trans(Kr), input_precision=FOLD_PREC)  # [j, i] = k_j . k_i
+                Kc = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                             mask=mj[:, None], other=0.0).to(tl.float32)
+                KK = tl.dot(Kc, tl.trans(Kc), input_precision=FOLD_PREC)  # [j, i] = k_j . k_i
                 sq = j[:, None] * LB + j[None, :]
-                for r in tl.static_range(HV // HK):
-                    h = hk * (HV // HK) + r
-                    gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-                    br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-                    cum = tl.cumsum(gr, 0)
-                    M = tl.where(j[None, :] < j[:, None],
-                                 br[:, None] * tl.exp(cum[:, None] - cum[None, :]) * KK, 0.0)
-                    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB, FOLD_PREC))
-                    tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
+                h = hk * (HV // HK) + r
+                gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+                br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+                cum = tl.cumsum(gr, 0)
+                M = tl.where(j[None, :] < j[:, None],
+                             br[:, None] * tl.exp(cum[:, None] - cum[None, :]) * KK, 0.0)
+                TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB, FOLD_PREC))
+                tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
 
 @triton.jit
@@ -215,23 +222,24 @@ def _gdn_nonflush_kernel(
                              k.to(kr_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _gdn_flush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-    kd_ptr, ti_ptr, list_ptr, fi_ptr, nan_ptr, seed, layer,
+    kd_ptr, ti_ptr, list_ptr, cur_ptr, fi_ptr, nan_ptr, seed, layer, nrows,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
     BVF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
-    FOLD_PREC: tl.constexpr = "ieee",
+    FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
     the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
     exists, folds them and the current token, writes o, the checkpoint and the read copy.
-    STAGES (None: Triton's default, the fastest measured) software-pipelines the loop."""
+    STAGES (None: Triton's default, the fastest measured) software-pipelines the loop. ADVANCE
+    moves every row's cursor on afterwards, as in the Mamba-2 flush."""
     TILES: tl.constexpr = (V + BVF - 1) // BVF
     RATIO: tl.constexpr = HV // HK
     nflush = tl.load(list_ptr)
@@ -241,7 +249,8 @@ def _gdn_flush_kernel(
     nans = tl.zeros((), dtype=tl.int32)
     for item in tl.range(tl.program_id(0), nflush * (HV * TILES), tl.num_programs(0),
                          num_stages=STAGES):
-        b = tl.load(list_ptr + 1 + item // (HV * TILES))
+        b = tl.load(list_ptr + 1 + 2 * (item // (HV * TILES)))
+        fi = tl.load(list_ptr + 2 + 2 * (item // (HV * TILES)))
         h = (item // TILES) % HV
         vt = item % TILES
         hk = h // RATIO
@@ -264,7 +273,21 @@ def _gdn_flush_kernel(
         Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
                      mask=mj[:, None], other=0.0).to(tl.float32)
         kkt = tl.load(kd_ptr + (b * HK + hk) * (2 * LB + 1) + j, mask=mj, other=0.0)
-        if RECOMPUTE:
+        if RECORDS and RECOMPUTE:  # the window replayed from the checkpoint, oldest record
+            # first: each record's u from the running state (u_j = beta_j (v_j - a_j S k_j)),
+            # then its rank-1 update; only the state tile stays live
+            for t in tl.static_range(L - 1):
+                gj = tl.load(gr_ptr + slot * s_gr + h * CAP + t)
+                bj = tl.load(br_ptr + slot * s_br + h * CAP + t)
+                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + t) * K + kk).to(tl.float32)
+                vj = tl.load(vr_ptr + slot * s_vr + (h * CAP + t) * V + vvf, mask=mvf,
+                             other=0.0).to(tl.float32)
+                Sf = tl.exp(gj) * Sf
+                uj = bj * (vj - tl.sum(Sf * kj[None, :], axis=1))
+                Sf = Sf + uj[:, None] * kj[None, :]
+            Sf = tl.exp(gt) * Sf
+            uf = beta * (vf - tl.sum(Sf * k[None, :], axis=1))
+        elif RECOMPUTE:
             br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
             Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
                           mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
@@ -293,20 +316,21 @@ def _gdn_flush_kernel(
             wf = G * tl.sum(Sf * k[None, :], axis=1) + wr
             uf = beta * (vf - wf)
             Sf = G * Sf + upd
-        else:
+        elif not RECORDS:
             wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
             uf = beta * (vf - wf)
             Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision=FOLD_PREC)
         Sf = Sf + uf[:, None] * k[None, :]
         of = tl.sum(Sf * q[None, :], axis=1)
         tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
-        fi = tl.load(fi_ptr + slot) + 1
         nans += write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
                             ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
                             ck_bs_ptr + slot * s_ckbs,
                             rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
                             rd_bs_ptr + slot * s_rdbs,
                             CK_FMT, RD_FMT, SR, BVF, K)
+    if ADVANCE:
+        advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, 256)
     if nans > 0:
         tl.atomic_add(nan_ptr, nans)
 
@@ -317,6 +341,19 @@ def gdn_tile_first(capacity: int) -> bool:
     the conventional step (Qwen3.5-122B 627 -> 584 us, 4B 291.5 -> 285.5 us), (rows, heads,
     tiles) for the non-flush step (tile-first 166 -> 171 us on 4B, 313 -> 332 us on 122B)."""
     return capacity == 0
+
+
+def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
+    """(flush_fold, value rows, warps) defaults of the GDN flush, measured on the H200
+    (reports/kernels/tune_r31_gdn_recompute_records.log): where the flush recomputes u (a
+    narrow read copy), ``"records"`` replays the window from the checkpoint record by record
+    with 32 rows and 8 warps: Qwen3.5-122B nvfp4-read/fp16-sr flush 4.4 -> 2.4 ms at batch
+    256 and 31 -> 21 us at batch 1, against the UT transform's ``X (I + M)^-T``, whose
+    products spilled; otherwise ``"dot"`` (the u's from the ring) with 32 rows and
+    ``_flush_warps`` warps."""
+    if cfg.recompute_u:
+        return "records", 32, 8
+    return "dot", 32, _flush_warps(cfg)
 
 
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
@@ -361,11 +398,13 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                     flush_stages: int | None = None, flush_fold: str | None = None,
                     flush_precision: str | None = None, tile_first: bool | None = None,
+                    fuse_advance: bool = True,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
-    persistent flush over the flushing rows' tiles)."""
+    persistent flush over the flushing rows' tiles, which also advances the cursors unless
+    ``fuse_advance=False``)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
@@ -374,7 +413,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
     kb, kw = gdn_step_knobs(cfg, V)
-    BV = block_v or kb
+    BV = block_v or small_grid_rows(cfg, kb, V, HV, Bsz)
     num_warps = num_warps or kw
     tf = gdn_tile_first(cache.capacity) if tile_first is None else tile_first
     grid = step_grid(Bsz, HV, triton.cdiv(V, BV), tf)
@@ -384,19 +423,23 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                                cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
                                K=K, CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=BV,
                                TILE_FIRST=tf, num_warps=num_warps)
+        if advance:
+            advance_cursor(cache, slots)
     else:
         rd = _state_args(cache.read, slots)
         LB = max(16, triton.next_power_of_2(cache.capacity))
         kd = torch.empty(Bsz, HK, 2 * LB + 1, device=q.device, dtype=torch.float32)
-        work = torch.empty(Bsz + 1, device=q.device, dtype=torch.int32)
+        work = torch.empty(2 * Bsz + 1, device=q.device, dtype=torch.int32)
         ring = _ring_args(cache)
         kr, gr, br = ring[0], ring[2], ring[4]
-        ti = torch.empty(Bsz * HV * LB * LB if cfg.recompute_u else 1, device=q.device,
-                         dtype=torch.float32)
-        _gdn_prep_kernel[(Bsz, HK)](
+        fold, fblock, fwarps = gdn_flush_knobs(cfg)
+        records = _records(flush_fold or fold)
+        ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
+        ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
+        _gdn_prep_kernel[(Bsz, HK, HV // HK if ut else 1)](
             q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
-            cache.cursor, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L, CAP=cache.capacity,
-            LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, RECOMPUTE=cfg.recompute_u,
+            cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
+            CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
             FOLD_PREC=fold_precision(flush_precision), num_warps=4)
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
@@ -404,16 +447,17 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             e2m1_table(q.device), HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             TILE_FIRST=tf, num_warps=num_warps)
-        BVF = min(flush_block_v or 32, triton.next_power_of_2(V))
+        BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
         _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm),)](
-            q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work,
-            cache.flush_index, cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
+            q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
+            cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            RECORDS=_records(flush_fold), STAGES=flush_stages,
-            FOLD_PREC=fold_precision(flush_precision), num_warps=flush_warps or _flush_warps(cfg))
-    if advance:
-        advance_cursor(cache, slots)
+            RECORDS=records, STAGES=flush_stages,
+            FOLD_PREC=fold_precision(flush_precision), ADVANCE=advance and fuse_advance,
+            num_warps=flush_warps or fwarps)
+        if advance and not fuse_advance:
+            advance_cursor(cache, slots)
     return o
 
 

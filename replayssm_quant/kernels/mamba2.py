@@ -92,10 +92,12 @@ def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.c
 
 
 @triton.jit
-def flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
-    """Rows whose cursor is at L-1 this step, compacted into ``list[1:]`` with their count in
-    ``list[0]``: the persistent flush kernel's work list (no host sync, fixed launch shape).
-    RB rows at a time, so the compiled kernel does not depend on the batch size."""
+def flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
+    """Rows whose cursor is at L-1 this step, compacted into ``list[1:]`` as (row, flush
+    index + 1) pairs with their count in ``list[0]``: the persistent flush kernel's work list
+    (no host sync, fixed launch shape). The flush reads its flush index from here, not from
+    the cache, so it may advance the cursors and flush indices in the same launch. RB rows at
+    a time, so the compiled kernel does not depend on the batch size."""
     count = tl.zeros((), dtype=tl.int32)
     for start in range(0, nrows, RB):
         i = start + tl.arange(0, RB)
@@ -105,14 +107,32 @@ def flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L: tl.constexpr, RB: tl.cons
         c = tl.load(cur_ptr + slot, mask=ok, other=0)
         fl = ok & (c == L - 1)
         pos = count + tl.cumsum(fl.to(tl.int32), 0) - 1
-        tl.store(list_ptr + 1 + pos, i, mask=fl)
+        tl.store(list_ptr + 1 + 2 * pos, i, mask=fl)
+        tl.store(list_ptr + 2 + 2 * pos, tl.load(fi_ptr + slot, mask=fl, other=0) + 1, mask=fl)
         count += tl.sum(fl.to(tl.int32), 0)
     tl.store(list_ptr, count)
 
 
+@triton.jit
+def advance_rows(slots_ptr, cur_ptr, fi_ptr, first, stride, nrows, L: tl.constexpr,
+                 RB: tl.constexpr):
+    """cursor += 1 (mod L) and flush_index += 1 on rows that flush, for the RB-row blocks
+    ``first, first + stride, ...`` of the batch."""
+    for start in range(first * RB, nrows, stride * RB):
+        i = start + tl.arange(0, RB)
+        m = i < nrows
+        slot = tl.load(slots_ptr + i, mask=m, other=-1)
+        ok = m & (slot >= 0)
+        c = tl.load(cur_ptr + slot, mask=ok, other=0)
+        fl = c == L - 1
+        tl.store(cur_ptr + slot, tl.where(fl, 0, c + 1), mask=ok)
+        fi = tl.load(fi_ptr + slot, mask=ok, other=0)
+        tl.store(fi_ptr + slot, tl.where(fl, fi + 1, fi), mask=ok)
+
+
 @triton.jit(do_not_specialize=["nrows"])
 def _mamba2_prep_kernel(
-    B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, bc_ptr, list_ptr, nrows,
+    B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, fi_ptr, bc_ptr, list_ptr, nrows,
     G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     RB: tl.constexpr,
 ):
@@ -122,7 +142,7 @@ def _mamba2_prep_kernel(
     b = tl.program_id(0)
     g = tl.program_id(1)
     if (b == 0) & (g == 0):
-        flush_list(slots_ptr, cur_ptr, list_ptr, nrows, L, RB)
+        flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, RB)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         n = tl.arange(0, N)
@@ -187,24 +207,26 @@ def _mamba2_nonflush_kernel(
                              Bv.to(Br_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _mamba2_flush_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
     xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br,
-    list_ptr, fi_ptr, nan_ptr, seed, layer,
+    list_ptr, cur_ptr, fi_ptr, nan_ptr, seed, layer, nrows,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
     BPF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
-    FOLD_PREC: tl.constexpr = "ieee",
+    FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
     flush list. Each tile folds the L-1 buffered records and the current token into the
     checkpoint, writes y, the checkpoint (SR when configured) and the read copy made from
     its new value. STAGES (None: Triton's default) software-pipelines the loop: the next tile's
-    loads are issued while this one folds."""
+    loads are issued while this one folds. With ADVANCE the programs then move every row's
+    cursor on (``advance_rows``): the flush reads its flush indices from the list and the
+    cursors were read by the earlier launches, so no separate launch is needed."""
     TILES: tl.constexpr = (P + BPF - 1) // BPF
     nflush = tl.load(list_ptr)
     n = tl.arange(0, N)
@@ -212,7 +234,8 @@ def _mamba2_flush_kernel(
     nans = tl.zeros((), dtype=tl.int32)
     for item in tl.range(tl.program_id(0), nflush * (H * TILES), tl.num_programs(0),
                          num_stages=STAGES):
-        b = tl.load(list_ptr + 1 + item // (H * TILES))
+        b = tl.load(list_ptr + 1 + 2 * (item // (H * TILES)))
+        fi = tl.load(list_ptr + 2 + 2 * (item // (H * TILES)))
         h = (item // TILES) % H
         pt = item % TILES
         g = h // (H // G)
@@ -251,13 +274,14 @@ def _mamba2_flush_kernel(
         if HAS_D:
             yf += tl.load(D_ptr + h).to(tl.float32) * xf
         tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
-        fi = tl.load(fi_ptr + slot) + 1
         nans += write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
                             ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
                             ck_bs_ptr + slot * s_ckbs,
                             rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
                             rd_bs_ptr + slot * s_rdbs,
                             CK_FMT, RD_FMT, SR, BPF, N)
+    if ADVANCE:
+        advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, 256)
     if nans > 0:
         tl.atomic_add(nan_ptr, nans)
 
@@ -266,15 +290,7 @@ def _mamba2_flush_kernel(
 def _advance_kernel(slots_ptr, cur_ptr, fi_ptr, L: tl.constexpr, BLOCK: tl.constexpr, nrows):
     """cursor += 1 (mod L); flush_index += 1 on rows that flushed. Separate launch because
     every program of a row reads the cursor before any may change it."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < nrows
-    slot = tl.load(slots_ptr + i, mask=m, other=-1)
-    ok = m & (slot >= 0)
-    c = tl.load(cur_ptr + slot, mask=ok, other=0)
-    fl = c == L - 1
-    tl.store(cur_ptr + slot, tl.where(fl, 0, c + 1), mask=ok)
-    fi = tl.load(fi_ptr + slot, mask=ok, other=0)
-    tl.store(fi_ptr + slot, tl.where(fl, fi + 1, fi), mask=ok)
+    advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, BLOCK)
 
 
 def _state_args(st, slots_dummy: torch.Tensor):
@@ -330,6 +346,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                        flush_stages: int | None = None, flush_fold: str | None = None,
                        flush_precision: str | None = None, tile_first: bool | None = None,
+                       fuse_advance: bool = True,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -338,7 +355,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     Conventional configs (L = 1, no spec capacity) run the conventional kernel. ReplaySSM
     configs run three launches: per-group ring products and the flush list, the non-flush
     rows (``block_p`` rows per program, ``num_warps``), and a persistent grid over the
-    flushing rows' tiles (``flush_block_p`` rows, ``flush_warps``).
+    flushing rows' tiles (``flush_block_p`` rows, ``flush_warps``), which also advances the
+    cursors unless ``fuse_advance=False`` (then a fourth launch does).
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
@@ -348,7 +366,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     kb, kw = mamba2_step_knobs(cfg, P, N)
-    BP = block_p or kb
+    BP = block_p or small_grid_rows(cfg, kb, P, H, Bsz)
     tf = mamba2_tile_first(cache.capacity, P, BP) if tile_first is None else tile_first
     grid = step_grid(Bsz, H, triton.cdiv(P, BP), tf)
     d = D if D is not None else A
@@ -365,9 +383,10 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     LB = max(16, triton.next_power_of_2(cache.capacity))
     bc = torch.empty(Bsz, G, LB + 1, device=x.device, dtype=torch.float32)
-    work = torch.empty(Bsz + 1, device=x.device, dtype=torch.int32)
+    work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
     _mamba2_prep_kernel[(Bsz, G)](
-        Bm, C, slots, Br, slot_stride(Br), cache.cursor, bc, work, Bsz, G=G, N=N, L=cfg.L,
+        Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
+        G=G, N=N, L=cfg.L,
         CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
     src = rd if cache.read is not None else ck
     _mamba2_nonflush_kernel[grid](
@@ -380,13 +399,13 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
-        work, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
+        work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
         RECORDS=_records(flush_fold or fold), FOLD_PREC=fold_precision(flush_precision),
-        num_warps=flush_warps or fwarps)
-    if advance:
+        ADVANCE=advance and fuse_advance, num_warps=flush_warps or fwarps)
+    if advance and not fuse_advance:
         advance_cursor(cache, slots)
     return y
 
@@ -440,6 +459,22 @@ def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
     if cfg.L == 1:
         return (min(8, triton.next_power_of_2(P)), 2) if cfg.uses_sr else (bp, 4)
     return (bp, 1) if reads_narrow_copy(cfg) else (bp, max(1, bp // 32))
+
+
+SMALL_GRID_PROGRAMS = 512
+
+
+def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
+    """Rows per program of a non-flush step reading an fp8 / NVFP4 copy at small batch: halved
+    (down to 16) while the grid would hold fewer than ``SMALL_GRID_PROGRAMS`` programs, whose
+    one warp each is then latency-bound. At batch 1 on the H200 16 rows beat 64: NVFP4 non-flush
+    on Nemotron-3-Super 8.4 -> 7.1 us, Qwen3.5-4B 9.4 -> 7.8 us, Qwen3.5-122B 9.5 -> 7.9 us
+    (reports/kernels/tune_r31_batch1_tiles.log). Batch sizes with full grids keep ``rows``."""
+    if cfg.L == 1 or not reads_narrow_copy(cfg):
+        return rows
+    while rows > 16 and batch * heads * triton.cdiv(dim, rows) < SMALL_GRID_PROGRAMS:
+        rows //= 2
+    return rows
 
 
 # Mamba-2 flush knobs (fold, tile rows, warps) measured fastest on the H200 at batch 256 for
