@@ -1,0 +1,59 @@
+"""Device time of each launch of one decode step (a flush step: every row's cursor at L-1,
+and a non-flush step), from torch.profiler over 10 eager steps. CUDA only.
+
+    python benchmarks/profile_step.py
+    python benchmarks/profile_step.py --cases qwen3.5-122b-a10b:nvfp4-read/fp32 --batch 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CASES = ["qwen3.5-122b-a10b:nvfp4-read/fp32", "qwen3.5-122b-a10b:replay-fp32",
+         "qwen3.5-122b-a10b:shared-nvfp4", "qwen3.5-4b:nvfp4-read/fp16-sr",
+         "nemotron-3-super-120b:nvfp4-read/fp16-sr", "nemotron-3-super-120b:replay-fp32"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", nargs="*", default=CASES, help="shape:preset pairs")
+    ap.add_argument("--batch", nargs="*", type=int, default=[1, 256])
+    args = ap.parse_args(argv)
+    import torch
+    from decode import Workload
+    from torch.profiler import ProfilerActivity, profile
+
+    from replayssm_quant.precision import PRESETS, SHAPES
+
+    for batch in args.batch:
+        for case in args.cases:
+            s, name = case.split(":", 1)
+            cfg = PRESETS[name]
+            if cfg.L == 1:
+                raise SystemExit(f"{name} is conventional: it has no flush step to profile")
+            w = Workload(SHAPES[s], batch, cfg, steps=cfg.L)
+            for cur, tag in ((cfg.L - 1, "flush"), (3, "nonflush")):
+                w.cache.cursor.fill_(cur)
+                for _ in range(3):
+                    w.step(0, advance=False)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        w.step(0, advance=False)
+                    torch.cuda.synchronize()
+                parts = [f"{e.key.replace('_kernel', '')}={e.device_time:.1f}"
+                         for e in prof.key_averages() if e.count >= 10 and "kernel" in e.key]
+                print(f"B={batch:3d} {s:22s} {name:20s} {tag:8s} " + " ".join(sorted(parts)),
+                      flush=True)
+            del w
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
