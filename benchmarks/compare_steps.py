@@ -1,10 +1,13 @@
 """Every preset's decode step against the conventional FP32 step of the same process, at
-batch 1 and 256, with the cursor advance inside the flush launch or in its own launch, and an
-optional batch-1 sweep of the non-flush tile (rows x warps). CUDA only.
+batch 1 and 256, with a step knob off and on (``--knob``: the cursor advance inside the flush
+launch, or the ring products inside the non-flush launch), and an optional batch-1 sweep of
+the non-flush tile (rows x warps). CUDA only.
 
     python benchmarks/compare_steps.py --sweep                        # this checkout
     git worktree add /tmp/old <commit>
     python benchmarks/compare_steps.py --root /tmp/old --tag old      # an older checkout
+    python benchmarks/compare_steps.py --knob fuse_prep --batches 1 2 4 8 16 \
+        --b256 fp32 replay-fp32 nvfp4-read/fp16-sr nvfp4-read/fp32
 
 The conventional step is timed again after each shape's presets ("conv again"): small-batch
 steps move by several microseconds within a process, and the pair shows by how much.
@@ -29,7 +32,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also sweep batch-1 non-flush tiles")
     ap.add_argument("--b256", nargs="*", default=["fp32", "replay-fp32", "nvfp4-read/fp16-sr",
                                                   "nvfp4-read/fp32"],
-                    help="presets timed at batch 256 (every preset runs at batch 1)")
+                    help="presets timed at batches above 1 (every preset runs at batch 1)")
+    ap.add_argument("--batches", nargs="*", type=int, default=[1, 256])
+    ap.add_argument("--knob", default="fuse_advance", choices=["fuse_advance", "fuse_prep"],
+                    help="the boolean step knob timed off and on")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--workers", type=int, default=14)
     args = ap.parse_args(argv)
@@ -41,12 +47,12 @@ def main(argv=None) -> int:
     from replayssm_quant.kernels import mamba2 as km
     from replayssm_quant.precision import PRESETS, SHAPES
 
-    # older checkouts have no fuse_advance: they run their only variant
-    has_fuse = "fuse_advance" in inspect.signature(km.mamba2_decode_step).parameters
+    # older checkouts without the knob run their only variant
+    has_fuse = args.knob in inspect.signature(km.mamba2_decode_step).parameters
     fuses = [False, True] if has_fuse else [None]
 
     def kw_of(f):
-        return {} if f is None else {"fuse_advance": f}
+        return {} if f is None else {args.knob: f}
 
     jobs = [(s, cfg, kw_of(f), 0, "cuda") for s in SHAPES_ORDER for cfg in PRESETS.values()
             for f in (fuses if cfg.L > 1 else [None])]
@@ -58,11 +64,11 @@ def main(argv=None) -> int:
                       for name in SWEEP_CONFIGS for b in (8, 16, 32, 64) for w in (1, 2, 4)]
     precompile(jobs + sweep, args.workers)
     print(f"[{args.tag}] copy {copy_bandwidth() / 1e12:.3f} TB/s", flush=True)
-    for batch in (1, 256):
+    for batch in args.batches:
         for s in SHAPES_ORDER:
             conv = measure(SHAPES[s], batch, PRESETS["fp32"], args.reps)["window_us"]
             for name, cfg in PRESETS.items():
-                if batch == 256 and name not in args.b256:
+                if batch > 1 and name not in args.b256:
                     continue
                 for f in (fuses if cfg.L > 1 else [None]):
                     r = (dict(window_us=conv, nonflush_us=conv, flush_us=conv) if name == "fp32"

@@ -145,6 +145,16 @@ def test_separate_advance_launch_matches_reference(kind):
     _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), stagger=True, fuse_advance=False)
 
 
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("fuse_prep", [False, True])
+def test_ring_products_launch_or_fused(kind, fuse_prep):
+    """The ring products and flush list from their own launch (``fuse_prep=False``, the
+    large-batch path) or formed inside the non-flush launch (small batches): the same
+    outputs, counters and states as the reference, rows flushing on different steps."""
+    _run(kind, _small_L(PRESETS["replay-fp32"]), stagger=True, fuse_prep=fuse_prep)
+    _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), stagger=True, fuse_prep=fuse_prep)
+
+
 @triton.jit
 def _advance_rows_kernel(slots_ptr, cur_ptr, fi_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
     advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, RB)

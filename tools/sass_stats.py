@@ -187,9 +187,10 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(_sig("xr_ptr dtr_ptr Br_ptr", types, "*fp32"))
         sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
         sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
+        sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
                       HAS_D=True, BP=block, LUT=False,
-                      TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block))
+                      TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block), FUSED_PREP=False)
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
@@ -205,9 +206,10 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
         sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
         sig.update(_sig("cur_ptr kd_ptr lut_ptr", types, "*fp32"))
+        sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
-                      TILE_FIRST=False)
+                      TILE_FIRST=False, FUSED_PREP=False)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:

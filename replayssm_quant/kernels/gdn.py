@@ -42,6 +42,7 @@ from .mamba2 import (
     flush_list,
     flush_programs,
     fold_precision,
+    fused_prep_default,
     reads_narrow_copy,
     small_grid_rows,
     split_terms,
@@ -106,6 +107,28 @@ def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC:
     return U
 
 
+@triton.jit
+def _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK: tl.constexpr,
+                  K: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr, STORE: tl.constexpr):
+    """``k_j . k`` and ``k_j . q`` for the records j < c of key head hk, and ``k . q``: stored
+    to the ring-products buffer with STORE, else returned."""
+    kk = tl.arange(0, K)
+    j = tl.arange(0, LB)
+    q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+    k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+    Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                 mask=(j < c)[:, None], other=0.0).to(tl.float32)
+    kkt = tl.sum(Kr * k[None, :], axis=1)
+    kq = tl.sum(Kr * q[None, :], axis=1)
+    kq0 = tl.sum(k * q, axis=0)
+    if STORE:
+        out = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+        tl.store(out + j, kkt)
+        tl.store(out + LB + j, kq)
+        tl.store(out + 2 * LB, kq0)
+    return kkt, kq, kq0
+
+
 @triton.jit(do_not_specialize=["nrows"])
 def _gdn_prep_kernel(
     q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, fi_ptr, kd_ptr,
@@ -134,14 +157,8 @@ def _gdn_prep_kernel(
         j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
         if r == 0:
-            q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-            k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-            Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                         mask=(j < c)[:, None], other=0.0).to(tl.float32)
-            out = kd_ptr + (b * HK + hk) * (2 * LB + 1)
-            tl.store(out + j, tl.sum(Kr * k[None, :], axis=1))
-            tl.store(out + LB + j, tl.sum(Kr * q[None, :], axis=1))
-            tl.store(out + 2 * LB, tl.sum(k * q, axis=0))
+            _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK, K, CAP, LB,
+                          True)
         if UT:
             if c == L - 1:
                 mj = j < c
@@ -159,26 +176,36 @@ def _gdn_prep_kernel(
                 tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nrows"])
 def _gdn_nonflush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-    cur_ptr, kd_ptr, lut_ptr,
+    cur_ptr, kd_ptr, lut_ptr, fi_ptr, list_ptr, nrows,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False,
 ):
     """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source
     (S k and S q in one pass) + the ring, then append the record. Flushing rows exit at once:
-    the flush kernel serves them."""
+    the flush kernel serves them. With FUSED_PREP the program forms its key head's
+    ``k_j . k``, ``k_j . q`` and ``k . q`` itself (program 0 of a key head also stores them
+    for a flushing row's flush) and the first program builds the flush list, so the
+    ring-products launch is skipped."""
+    RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
+    if FUSED_PREP:
+        if (b == 0) & (h == 0) & (vt == 0):
+            flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
+        if FUSED_PREP:
+            if (c == L - 1) & (vt == 0) & (h % RATIO == 0):
+                _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot, c,
+                              HK, K, CAP, LB, True)
         if c != L - 1:
-            RATIO: tl.constexpr = HV // HK
             hk = h // RATIO
             j = tl.arange(0, LB)
             mj = j < c
@@ -195,10 +222,14 @@ def _gdn_nonflush_kernel(
             cum = tl.cumsum(gr, 0)
             total = tl.sum(gr, 0) + gt
             dec = tl.where(mj, tl.exp(total - cum), 0.0)  # decay from record j to now
-            kd = kd_ptr + (b * HK + hk) * (2 * LB + 1)
-            kkt = tl.load(kd + j, mask=mj, other=0.0)
-            kq = tl.load(kd + LB + j, mask=mj, other=0.0)
-            kq0 = tl.load(kd + 2 * LB)
+            if FUSED_PREP:
+                kkt, kq, kq0 = _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c,
+                                             HK, K, CAP, LB, False)
+            else:
+                kd = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+                kkt = tl.load(kd + j, mask=mj, other=0.0)
+                kq = tl.load(kd + LB + j, mask=mj, other=0.0)
+                kq0 = tl.load(kd + 2 * LB)
             v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
             U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                         mask=mj[None, :] & mv[:, None], other=0.0)
@@ -398,13 +429,13 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                     flush_stages: int | None = None, flush_fold: str | None = None,
                     flush_precision: str | None = None, tile_first: bool | None = None,
-                    fuse_advance: bool = True,
+                    fuse_advance: bool = True, fuse_prep: bool | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
-    ``fuse_advance=False``)."""
+    ``fuse_advance=False``; ``fuse_prep`` as for Mamba-2)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
@@ -436,17 +467,21 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         records = _records(flush_fold or fold)
         ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
         ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
-        _gdn_prep_kernel[(Bsz, HK, HV // HK if ut else 1)](
-            q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
-            cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
-            CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
-            FOLD_PREC=fold_precision(flush_precision), num_warps=4)
+        # the UT transform needs its own launch; otherwise small batches fold it away
+        fp = not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
+        if not fp:
+            _gdn_prep_kernel[(Bsz, HK, HV // HK if ut else 1)](
+                q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
+                cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
+                CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
+                FOLD_PREC=fold_precision(flush_precision), num_warps=4)
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
-            e2m1_table(q.device), HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity, LB=LB,
+            e2m1_table(q.device), cache.flush_index, work, Bsz, HV=HV, HK=HK, V=V, K=K,
+            L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
-            TILE_FIRST=tf, num_warps=num_warps)
+            TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps)
         BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
         _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm),)](
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,

@@ -157,20 +157,26 @@ def _mamba2_prep_kernel(
         tl.store(out + LB, tl.sum(Bv * Cv, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nrows"])
 def _mamba2_nonflush_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr, slots_ptr, y_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
     xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr, bc_ptr, lut_ptr,
+    fi_ptr, list_ptr, nrows,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
-    once: the flush kernel serves them."""
+    once: the flush kernel serves them. With FUSED_PREP the program forms its group's
+    ``B_j . C`` itself and the first program builds the flush list, so the ring-products
+    launch is skipped (small batches, where every launch costs microseconds)."""
     b, h, pt = row_head_tile(TILE_FIRST)
+    if FUSED_PREP:
+        if (b == 0) & (h == 0) & (pt == 0):
+            flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
@@ -187,8 +193,16 @@ def _mamba2_nonflush_kernel(
             A = tl.load(A_ptr + h).to(tl.float32)
             x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
             w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
-            bc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + j, mask=mj, other=0.0)
-            bcc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + LB)
+            if FUSED_PREP:
+                n = tl.arange(0, N)
+                Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+                Brj = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                              mask=mj[:, None], other=0.0).to(tl.float32)
+                bc = tl.sum(Brj * Cv[None, :], axis=1)
+                bcc = tl.sum(tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32) * Cv, axis=0)
+            else:
+                bc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + j, mask=mj, other=0.0)
+                bcc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + LB)
             xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                          mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
             y = tl.exp(A * total) * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
@@ -346,7 +360,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
                        flush_stages: int | None = None, flush_fold: str | None = None,
                        flush_precision: str | None = None, tile_first: bool | None = None,
-                       fuse_advance: bool = True,
+                       fuse_advance: bool = True, fuse_prep: bool | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -356,7 +370,9 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     configs run three launches: per-group ring products and the flush list, the non-flush
     rows (``block_p`` rows per program, ``num_warps``), and a persistent grid over the
     flushing rows' tiles (``flush_block_p`` rows, ``flush_warps``), which also advances the
-    cursors unless ``fuse_advance=False`` (then a fourth launch does).
+    cursors unless ``fuse_advance=False`` (then a fourth launch does). ``fuse_prep`` (default
+    ``fused_prep_default``: small batches) has the non-flush launch form the ring products
+    and the flush list itself, one launch fewer.
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
@@ -384,16 +400,18 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     LB = max(16, triton.next_power_of_2(cache.capacity))
     bc = torch.empty(Bsz, G, LB + 1, device=x.device, dtype=torch.float32)
     work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
-    _mamba2_prep_kernel[(Bsz, G)](
-        Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
-        G=G, N=N, L=cfg.L,
-        CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
+    fp = fused_prep_default(Bsz) if fuse_prep is None else fuse_prep
+    if not fp:
+        _mamba2_prep_kernel[(Bsz, G)](
+            Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
+            G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
     src = rd if cache.read is not None else ck
     _mamba2_nonflush_kernel[grid](
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
-        slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), H=H, P=P, N=N, G=G, L=cfg.L,
+        slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), cache.flush_index, work, Bsz,
+        H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, TILE_FIRST=tf, num_warps=num_warps or kw)
+        BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps or kw)
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
@@ -462,6 +480,14 @@ def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
 
 
 SMALL_GRID_PROGRAMS = 512
+FUSED_PREP_MAX_BATCH = 4
+
+
+def fused_prep_default(batch: int) -> bool:
+    """Whether a decode step skips its ring-products launch and lets every non-flush program
+    form its group's / key head's products (``FUSED_PREP``): at small batch a launch costs
+    more than the repeated products (reports/kernels/tune_r35_fused_prep.log)."""
+    return batch <= FUSED_PREP_MAX_BATCH
 
 
 def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
