@@ -42,3 +42,25 @@ def test_byte_bound_column():
     assert lines[1].endswith("| 1.00x |")
     assert lines[2].endswith(f"| {want:.2f}x |")
     assert lines[3].endswith("| - |")
+
+
+def test_time_variants_jobs_files(tmp_path):
+    """benchmarks/time_variants.py reads the committed jobs files and rejects malformed jobs
+    with a message instead of a traceback."""
+    import json
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("time_variants",
+                                                  ROOT / "benchmarks" / "time_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name in ("tune_r40_jobs_window.json", "tune_r40_jobs_new.json"):
+        jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
+        assert jobs and all(s in SHAPES and c in PRESETS for s, c, _, _ in jobs)
+    rows = json.loads((ROOT / "reports" / "kernels" / "tune_r40_jobs_window.json").read_text())
+    rows[0][3] = "both"
+    tmp = tmp_path / "jobs.json"
+    tmp.write_text(json.dumps(rows))
+    with pytest.raises(SystemExit, match="job 0 must be"):
+        mod.load_jobs(str(tmp))

@@ -155,6 +155,37 @@ def test_ring_products_launch_or_fused(kind, fuse_prep):
     _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), stagger=True, fuse_prep=fuse_prep)
 
 
+@pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "nvfp4-read/fp32"])
+@pytest.mark.parametrize("g_value", [-30.0, -1.0e4, float("-inf")])
+def test_gdn_records_replay_strong_decay(name, g_value):
+    """Heads whose decay since the checkpoint underflows (g = -30 per record: e^-60 after two),
+    is zero in float32 (g = -1e4) or is an exact zero (g = -inf): the non-flush steps' decay
+    weights (``log_decay_suffixes``, no -inf - -inf) and the GDN read-copy flush, which
+    replays the window record by record, give the reference's outputs and states."""
+    cfg = _small_L(PRESETS[name])
+    g = torch.Generator().manual_seed(7)
+    HV, V, K, HK = 4, 16, 32, 2
+    ref = gdn.init_gdn_state(cfg, NSLOTS, HV, V, K, HK, seed=11, layer=3)
+    gdn.load_state(ref, torch.arange(NSLOTS), torch.randn(NSLOTS, HV, V, K, generator=g) * 0.3)
+    steps = cfg.L + 1
+    inp = gdn_inputs(len(SLOTS), steps, HV, V, K, HK, generator=g)
+    inp["g"][:, :, :2] = g_value  # two heads decay hard, two as drawn
+    for t in range(steps):
+        ker = _clone(ref)
+        cache = cache_from_reference(ker)
+        a = {k: v[:, t].contiguous() for k, v in inp.items()}
+        y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+        y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS, block_v=16,
+                            out=torch.full((len(SLOTS), HV, V), float("nan")),
+                            flush_fold="records")
+        valid = SLOTS >= 0
+        assert torch.isfinite(y[valid]).all()
+        rel = ((y[valid] - y_ref[valid]).norm() / y_ref[valid].norm()).item()
+        assert rel < 1e-5, f"step {t}: output rel err {rel:.2e}"
+        _close_state(ker.ckpt, ref.ckpt, cfg.ckpt)
+        _close_state(ker.read, ref.read, cfg.read)
+
+
 @triton.jit
 def _advance_rows_kernel(slots_ptr, cur_ptr, fi_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
     advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, RB)
@@ -340,6 +371,17 @@ def test_launch_defaults_follow_the_measured_table():
     assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 32, 4)
     custom = replace(PRESETS["nvfp4-read/fp16-sr"], ckpt=F.canonical_format("bf16"))
     assert mamba2_flush_knobs(custom) == ("dot", 32, 8)
+    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp32"]) == ("records", 8, 1)
+    assert mamba2_flush_knobs(PRESETS["fp8-read/fp32"]) == ("dot", 8, 1)
+
+
+def test_flush_programs_per_sm_follow_the_warps():
+    """One-warp flush tiles get 16 persistent programs per SM, two-warp tiles 8, wider tiles
+    the floor of 4; an explicit ``flush_per_sm`` wins (tune_r39_flush_warps_m2.log)."""
+    from replayssm_quant.kernels.mamba2 import flush_programs_per_sm
+
+    assert [flush_programs_per_sm(w) for w in (1, 2, 4, 8)] == [16, 8, 4, 4]
+    assert flush_programs_per_sm(1, 3) == 3
 
 
 def test_grid_order_defaults_follow_the_measured_table():

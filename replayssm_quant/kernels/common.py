@@ -585,6 +585,22 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
 
 
 @triton.jit
+def log_decay_suffixes(ptr, n, last, LB: tl.constexpr):
+    """The n ring log-decays at ``ptr`` (``dt`` or ``g``), zero beyond n, as ``(values, after,
+    total, mask)`` over ``arange(LB)``: ``after[j]`` sums the records after j and ``last`` (the
+    current token's; 0 for a fold without one), ``total`` all of them. ``after`` is a reverse
+    scan of the next records, as the reference's ``suffix_sums``, not ``total - cumsum``: a
+    -inf log-decay (a zero decay) then gives zero weights instead of -inf - -inf = NaN, and
+    large sums lose no precision to cancellation."""
+    j = tl.arange(0, LB)
+    mj = j < n
+    d = tl.load(ptr + j, mask=mj, other=0.0)
+    nxt = tl.load(ptr + j + 1, mask=(j + 1) < n, other=0.0)
+    after = tl.cumsum(tl.where(j + 1 == n, last, nxt), 0, reverse=True)
+    return d, after, tl.sum(d, 0) + last, mj
+
+
+@triton.jit
 def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr, PREC: tl.constexpr = "ieee"):
     """``(I + M)^-1`` for strictly lower-triangular ``M``: ``M^LB = 0``, so the inverse is
     ``(I - M)(I + M^2)(I + M^4)...`` with log2(LB) factors. It does not depend on the state,

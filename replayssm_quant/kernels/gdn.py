@@ -22,6 +22,7 @@ from .common import (
     e2m1_table,
     load_cols,
     load_rows,
+    log_decay_suffixes,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -218,10 +219,8 @@ def _gdn_nonflush_kernel(
                               lut_ptr, SRC_FMT, BV, K, True, LUT)
             gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
             beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
-            gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-            cum = tl.cumsum(gr, 0)
-            total = tl.sum(gr, 0) + gt
-            dec = tl.where(mj, tl.exp(total - cum), 0.0)  # decay from record j to now
+            _, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, c, gt, LB)
+            dec = tl.where(mj, tl.exp(after), 0.0)  # decay from record j to now
             if FUSED_PREP:
                 kkt, kq, kq0 = _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c,
                                              HK, K, CAP, LB, False)
@@ -296,10 +295,8 @@ def _gdn_flush_kernel(
         vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
         gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
         beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
-        gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
-        cum = tl.cumsum(gr, 0)
-        total = tl.sum(gr, 0) + gt
-        dec = tl.where(mj, tl.exp(total - cum), 0.0)
+        gr, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, L - 1, gt, LB)
+        dec = tl.where(mj, tl.exp(after), 0.0)
         G = tl.exp(total)
         Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
                      mask=mj[:, None], other=0.0).to(tl.float32)
@@ -323,7 +320,7 @@ def _gdn_flush_kernel(
             Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
                           mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
             SK = tl.dot(Sf, tl.trans(Kr), input_precision=FOLD_PREC)  # (BVF, LB): S_c k_j
-            X = br[None, :] * (Vrf - tl.exp(cum)[None, :] * SK)
+            X = br[None, :] * (Vrf - tl.exp(tl.cumsum(gr, 0))[None, :] * SK)
             TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
             Uf = tl.dot(X, TI, input_precision=FOLD_PREC)
         elif not RECORDS:
@@ -483,14 +480,16 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps)
         BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
-        _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm),)](
+        FW = flush_warps or fwarps
+        _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
+                                          FW),)](
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
             RECORDS=records, STAGES=flush_stages,
             FOLD_PREC=fold_precision(flush_precision), ADVANCE=advance and fuse_advance,
-            num_warps=flush_warps or fwarps)
+            num_warps=FW)
         if advance and not fuse_advance:
             advance_cursor(cache, slots)
     return o
@@ -686,9 +685,8 @@ def _gdn_fold_kernel(
             else:
                 U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                             mask=mj[None, :] & mv[:, None], other=0.0)
-            cum = tl.cumsum(gr, 0)
-            total = tl.sum(gr, 0)
-            dec = tl.where(mj, tl.exp(total - cum), 0.0)
+            _, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, L, 0.0, LB)
+            dec = tl.where(mj, tl.exp(after), 0.0)
             S = tl.exp(total) * S + tl.dot(U * dec[None, :], Kr, input_precision="ieee")
             fi = tl.load(fi_ptr + slot) + 1
             nans = write_state(S, slot, fi, seed, layer, rows, kk, mv,

@@ -24,6 +24,7 @@ from .common import (
     e2m1_table,
     load_cols,
     load_rows,
+    log_decay_suffixes,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -82,12 +83,8 @@ def _mamba2_conv_kernel(
 def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.constexpr):
     """Per buffered record j < c: exp(A * sum of dt after j up to now) * dt_j, and the total
     dt since the checkpoint (including this token)."""
-    j = tl.arange(0, LB)
-    mj = j < c
-    dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
-    cum = tl.cumsum(dtr, 0)
-    total = tl.sum(dtr, 0) + dt
-    w = tl.where(mj, tl.exp(A * (total - cum)) * dtr, 0.0)
+    dtr, after, total, mj = log_decay_suffixes(dtr_ptr + slot * s_dtr + h * CAP, c, dt, LB)
+    w = tl.where(mj, tl.exp(A * after) * dtr, 0.0)
     return w, total, mj
 
 
@@ -414,7 +411,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps or kw)
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
-    _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm),)](
+    FW = flush_warps or fwarps
+    _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm, FW),)](
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
         work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
@@ -422,13 +420,14 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
         RECORDS=_records(flush_fold or fold), FOLD_PREC=fold_precision(flush_precision),
-        ADVANCE=advance and fuse_advance, num_warps=flush_warps or fwarps)
+        ADVANCE=advance and fuse_advance, num_warps=FW)
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
     return y
 
 
 FLUSH_PROGRAMS_PER_SM = 4
+FLUSH_WARPS_PER_SM = 16
 
 
 def mamba2_tile_first(capacity: int, P: int, block_p: int) -> bool:
@@ -504,11 +503,13 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
 
 
 # Mamba-2 flush knobs (fold, tile rows, warps) measured fastest on the H200 at batch 256 for
-# Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log), keyed by
-# (checkpoint format, SR, read-copy format); other configs keep (dot, 32, _flush_warps).
+# Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log; the read-copy
+# flushes of an fp32 checkpoint with one-warp tiles and 16 programs per SM:
+# tune_r39_flush_warps_m2.log), keyed by (checkpoint format, SR, read-copy format); other
+# configs keep (dot, 32, _flush_warps).
 MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
-    ("fp32", False, "nvfp4"): ("records", 16, 8),
-    ("fp32", False, "fp8e4m3"): ("records", 16, 8),
+    ("fp32", False, "nvfp4"): ("records", 8, 1),
+    ("fp32", False, "fp8e4m3"): ("dot", 8, 1),
     ("fp16", True, "nvfp4"): ("dot", 16, 4),
     ("fp8e4m3", True, "nvfp4"): ("records", 16, 4),
     ("fp8e4m3", False, None): ("dot", 16, 4),
@@ -546,13 +547,24 @@ def _records(flush_fold: str | None) -> bool:
     return fold == "records"
 
 
-def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None) -> int:
-    """Size of the persistent flush grid: a few programs per SM (never more than the tiles of
-    a step where every row flushes); four on devices without SMs (the interpreter)."""
+def flush_programs_per_sm(warps: int, per_sm: int | None = None) -> int:
+    """Persistent flush programs per SM: ``per_sm`` when given, else enough programs of
+    ``warps`` warps for ``FLUSH_WARPS_PER_SM`` warps and at least ``FLUSH_PROGRAMS_PER_SM``:
+    one-warp flush tiles need 16 programs per SM to hide their latency (Nemotron-3-Super
+    NVFP4 read-copy flush of an fp32 checkpoint: 2.5 ms at 4 per SM, 1.3 ms at 16;
+    reports/kernels/tune_r39_flush_warps_m2.log)."""
+    return per_sm or max(FLUSH_PROGRAMS_PER_SM, FLUSH_WARPS_PER_SM // max(1, warps))
+
+
+def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None,
+                   warps: int = 4) -> int:
+    """Size of the persistent flush grid (``flush_programs_per_sm`` per SM), never more
+    programs than the tiles of a step where every row flushes; four on devices without SMs
+    (the interpreter)."""
     if device.type != "cuda":
         return max(1, min(tiles, 4))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, (per_sm or FLUSH_PROGRAMS_PER_SM) * sms))
+    return max(1, min(tiles, flush_programs_per_sm(warps, per_sm) * sms))
 
 
 def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
@@ -717,12 +729,10 @@ def _mamba2_fold_kernel(
             mp = p < P
             n = tl.arange(0, N)
             j = tl.arange(0, LB)
-            mj = j < L
             A = tl.load(A_ptr + h).to(tl.float32)
-            dtr = tl.load(dtr_ptr + slot * s_dtr + h * CAP + j, mask=mj, other=0.0)
-            cum = tl.cumsum(dtr, 0)
-            total = tl.sum(dtr, 0)
-            w = tl.where(mj, tl.exp(A * (total - cum)) * dtr, 0.0)
+            dtr, after, total, mj = log_decay_suffixes(dtr_ptr + slot * s_dtr + h * CAP, L, 0.0,
+                                                       LB)
+            w = tl.where(mj, tl.exp(A * after) * dtr, 0.0)
             Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
                          mask=mj[:, None], other=0.0).to(tl.float32)
             xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
