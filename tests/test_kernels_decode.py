@@ -406,3 +406,20 @@ def test_small_grid_rows_only_shrink_small_narrow_grids():
     assert small_grid_rows(narrow, 64, 64, 128, 256) == 64
     assert small_grid_rows(fp32, 32, 64, 128, 1) == 32
     assert small_grid_rows(PRESETS["fp32"], 32, 64, 128, 1) == 32
+
+
+def test_gdn_ut_flush_refuses_the_faulting_tf32x3_tile():
+    """The UT-transform flush with TF32x3 products on 64-row, 8-warp tiles faults on the
+    H200 (probe_r43_tf32x3_tiles.log): that tile is refused with a message before any
+    launch, its neighbours pass, and a small-tile TF32x3 UT flush still matches the
+    reference."""
+    from replayssm_quant.kernels.gdn import _check_ut_tile
+
+    with pytest.raises(ValueError, match="flush_warps=4"):
+        _check_ut_tile(True, "tf32x3", 64, 8)
+    for args in ((True, "tf32x3", 32, 8), (True, "tf32x3", 64, 4), (True, "ieee", 64, 8),
+                 (False, "tf32x3", 64, 8)):
+        _check_ut_tile(*args)
+    cfg = _small_L(PRESETS["nvfp4-read/fp16-sr"])
+    _run("gdn", cfg, steps=cfg.L, flush_fold="dot", flush_precision="tf32x3", flush_block_v=16,
+         flush_warps=8)

@@ -363,6 +363,19 @@ def _gdn_flush_kernel(
         tl.atomic_add(nan_ptr, nans)
 
 
+def _check_ut_tile(ut: bool, precision: str, rows: int, warps: int) -> None:
+    """Refuse the one flush tile known to fault: the UT-transform flush (``flush_fold="dot"``
+    with a read copy) with TF32x3 products on 64+ rows and 8+ warps (two warp groups) hits an
+    illegal memory access on the H200 with Triton 3.6, which poisons the CUDA context; 32
+    rows, 4 warps, the ``"ieee"`` products and the flush without a read copy all run
+    (reports/kernels/probe_r43_tf32x3_tiles.log)."""
+    if ut and precision == "tf32x3" and rows >= 64 and warps >= 8:
+        raise ValueError(
+            f"flush_precision='tf32x3' with the UT-transform flush on {rows}-row tiles and "
+            f"{warps} warps faults on the GPU (Triton 3.6); use flush_warps=4, "
+            "flush_block_v=32 or flush_precision='ieee'")
+
+
 def gdn_tile_first(capacity: int) -> bool:
     """Default grid order (``tile_first``) of the GDN conventional / non-flush step, measured on
     the H200 at batch 256 (reports/kernels/tune_r27_grid_order.log): (tiles, heads, rows) for
@@ -463,6 +476,9 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         fold, fblock, fwarps = gdn_flush_knobs(cfg)
         records = _records(flush_fold or fold)
         ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
+        BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
+        FW = flush_warps or fwarps
+        _check_ut_tile(ut, fold_precision(flush_precision), BVF, FW)  # before any launch
         ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
         # the UT transform needs its own launch; otherwise small batches fold it away
         fp = not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
@@ -479,8 +495,6 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps)
-        BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
-        FW = flush_warps or fwarps
         _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
                                           FW),)](
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
