@@ -157,11 +157,13 @@ def test_ring_products_launch_or_fused(kind, fuse_prep):
 
 @pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "nvfp4-read/fp32"])
 @pytest.mark.parametrize("g_value", [-30.0, -1.0e4, float("-inf")])
-def test_gdn_records_replay_strong_decay(name, g_value):
+@pytest.mark.parametrize("fold", ["records", "dot"])
+def test_gdn_read_copy_flush_strong_decay(name, g_value, fold):
     """Heads whose decay since the checkpoint underflows (g = -30 per record: e^-60 after two),
     is zero in float32 (g = -1e4) or is an exact zero (g = -inf): the non-flush steps' decay
-    weights (``log_decay_suffixes``, no -inf - -inf) and the GDN read-copy flush, which
-    replays the window record by record, give the reference's outputs and states."""
+    weights (``log_decay_suffixes``, no -inf - -inf) and the GDN read-copy flush, replaying
+    the window record by record or solving it with the UT transform (``log_decay_segments``),
+    give the reference's outputs and states."""
     cfg = _small_L(PRESETS[name])
     g = torch.Generator().manual_seed(7)
     HV, V, K, HK = 4, 16, 32, 2
@@ -176,8 +178,7 @@ def test_gdn_records_replay_strong_decay(name, g_value):
         a = {k: v[:, t].contiguous() for k, v in inp.items()}
         y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
         y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS, block_v=16,
-                            out=torch.full((len(SLOTS), HV, V), float("nan")),
-                            flush_fold="records")
+                            out=torch.full((len(SLOTS), HV, V), float("nan")), flush_fold=fold)
         valid = SLOTS >= 0
         assert torch.isfinite(y[valid]).all()
         rel = ((y[valid] - y_ref[valid]).norm() / y_ref[valid].norm()).item()

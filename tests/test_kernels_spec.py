@@ -127,3 +127,41 @@ def test_verify_nan_drafts_are_reported(kind):
     assert torch.isfinite(y[0]).all()
     assert torch.isnan(y[1]).any()
     assert int(cache.nan_count.sum()) > 0
+
+
+@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr"])
+def test_gdn_verify_commit_zero_decay(name):
+    """Drafts and committed records with an exact zero decay (g = -inf) on two heads: the
+    verify takes the -inf as ``VERIFY_G_FLOOR`` (exp 0 as well) in its prefix sums, the
+    commit's UT solve uses segment sums (``log_decay_segments``): outputs, checkpoints, read
+    copies and ring records match the reference instead of turning NaN."""
+    cfg = replace(PRESETS[name], L=4)
+    T = 3
+    g = torch.Generator().manual_seed(5)
+    HV, V, K, HK = 4, 16, 32, 2
+    ref = gdn.init_gdn_state(cfg, 2, HV, V, K, HK, spec_tokens=T, seed=2, layer=1)
+    gdn.load_state(ref, torch.arange(2), torch.randn(2, HV, V, K, generator=g) * 0.3)
+    for r in range(4):
+        ker = _clone(ref)
+        cache = cache_from_reference(ker)
+        acc = torch.tensor([(r + 1) % (T + 1), T, 0], dtype=torch.int32)
+        a = gdn_inputs(3, T, HV, V, K, HK, generator=g)
+        a["g"][:, 1:, :2] = float("-inf")  # from the second draft on, heads 0 and 1
+        y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+        y = gdn_verify(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS, block_v=16,
+                       chunk=16)
+        gdn.commit(ref, acc, SLOTS)
+        gdn_commit(cache, acc, SLOTS)
+        v = SLOTS >= 0
+        assert torch.isfinite(y[v]).all()
+        rel = ((y[v] - y_ref[v]).norm() / y_ref[v].norm()).item()
+        assert rel < 1e-5, f"round {r}: verify outputs rel err {rel:.2e}"
+        assert int(cache.nan_count.sum()) == 0
+        _close_state(ker.ckpt, ref.ckpt, cfg.ckpt)
+        if cfg.read is not None:
+            _close_state(ker.read, ref.read, cfg.read)
+        for key in ("k", "u", "g"):  # the ring keeps the raw g, -inf included
+            rk, kk_ = getattr(ref, key), getattr(ker, key)
+            for s in range(2):
+                c = int(ref.cursor[s])
+                assert torch.allclose(kk_[s, :, :c], rk[s, :, :c], rtol=1e-4, atol=1e-5), key

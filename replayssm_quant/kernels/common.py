@@ -601,6 +601,18 @@ def log_decay_suffixes(ptr, n, last, LB: tl.constexpr):
 
 
 @triton.jit
+def log_decay_segments(nxt, LB: tl.constexpr):
+    """``seg[i, j]`` = the log-decays of records j+1..i summed (0 where j >= i), from ``nxt``
+    (LB,), record j + 1's log-decay at position j (0 past the last record): each row is a
+    reverse scan of its masked next records, never a difference of prefix sums, so a -inf
+    log-decay (a zero decay) gives -inf on the segments that hold it and leaves the others
+    exact."""
+    j = tl.arange(0, LB)
+    return tl.cumsum(tl.where(j[None, :] + 1 <= j[:, None], nxt[None, :], 0.0), axis=1,
+                     reverse=True)
+
+
+@triton.jit
 def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr, PREC: tl.constexpr = "ieee"):
     """``(I + M)^-1`` for strictly lower-triangular ``M``: ``M^LB = 0``, so the inverse is
     ``(I - M)(I + M^2)(I + M^4)...`` with log2(LB) factors. It does not depend on the state,

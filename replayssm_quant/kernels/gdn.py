@@ -22,6 +22,7 @@ from .common import (
     e2m1_table,
     load_cols,
     load_rows,
+    log_decay_segments,
     log_decay_suffixes,
     row_head_tile,
     row_scales,
@@ -90,18 +91,23 @@ def _gdn_conv_kernel(
 
 
 @triton.jit
-def _recompute_u(S, Kr, Vr, br, gr, j, LB: tl.constexpr, BV: tl.constexpr, NREC: tl.constexpr):
+def _recompute_u(S, Kr, Vr, br, gr, gnext, j, LB: tl.constexpr, BV: tl.constexpr,
+                 NREC: tl.constexpr):
     """u_j = beta_j (v_j - a_j S_{j-1} k_j) for records j < NREC, sequentially from the
-    checkpoint S (the UT transform written as forward substitution)."""
+    checkpoint S (the UT transform written as forward substitution). ``gnext`` holds record
+    j + 1's log-decay at j (``log_decay_segments``)."""
     cum = tl.cumsum(gr, 0)
+    seg = log_decay_segments(gnext, LB)  # [i, j]: log-decay from after record j to record i
     W0 = tl.dot(S, tl.trans(Kr), input_precision="ieee")  # (BV, LB): S_c k_j
     KK = tl.dot(Kr, tl.trans(Kr), input_precision="ieee")  # (LB, LB)
     U = tl.zeros((BV, LB), dtype=tl.float32)
     for jj in tl.static_range(NREC):
-        sel = (j == jj).to(tl.float32)
-        cj = tl.sum(cum * sel, 0)
+        on = j == jj
+        sel = on.to(tl.float32)
+        cj = tl.sum(tl.where(on, cum, 0.0), 0)  # a select, not a product: cum may be -inf
         kkj = tl.sum(KK * sel[None, :], axis=1)
-        coef = tl.where(j < jj, tl.exp(cj - cum) * kkj, 0.0)
+        coef = tl.where(j < jj, tl.exp(tl.sum(tl.where(on[:, None], seg, 0.0), axis=0)) * kkj,
+                        0.0)
         wj = tl.exp(cj) * tl.sum(W0 * sel[None, :], axis=1) + tl.sum(U * coef[None, :], axis=1)
         uj = tl.sum(br * sel, 0) * (tl.sum(Vr * sel[None, :], axis=1) - wj)
         U += uj[:, None] * sel[None, :]
@@ -143,7 +149,7 @@ def _gdn_prep_kernel(
     head reads them: 2 LB + 1 floats instead of the LB x d_k keys); program (0, 0, 0) also
     builds the flush list. On flushing rows whose flush recomputes u, program r also builds
     the UT transform of value head ``hk * HV / HK + r``'s window, ``TI = (I + M)^-T`` with
-    ``M[j, i] = beta_j exp(cum_j - cum_i) k_j . k_i`` (i < j): the flush then gets its u's as
+    ``M[j, i] = beta_j exp(g_{i+1} + .. + g_j) k_j . k_i`` (i < j): the flush then gets its u's as
     ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1 dependent
     steps. One value head per program keeps the chain of products short at small batch
     (the grid's third axis is 1 without UT)."""
@@ -168,11 +174,10 @@ def _gdn_prep_kernel(
                 KK = tl.dot(Kc, tl.trans(Kc), input_precision=FOLD_PREC)  # [j, i] = k_j . k_i
                 sq = j[:, None] * LB + j[None, :]
                 h = hk * (HV // HK) + r
-                gr = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+                gn = tl.load(gr_ptr + slot * s_gr + h * CAP + j + 1, mask=j + 1 < c, other=0.0)
                 br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-                cum = tl.cumsum(gr, 0)
                 M = tl.where(j[None, :] < j[:, None],
-                             br[:, None] * tl.exp(cum[:, None] - cum[None, :]) * KK, 0.0)
+                             br[:, None] * tl.exp(log_decay_segments(gn, LB)) * KK, 0.0)
                 TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB, FOLD_PREC))
                 tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
@@ -510,6 +515,12 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
 
 
 # ------------------------------------------------------------------------------ speculative
+# Log-decay the verify raises a smaller g (a draft's or a committed record's) to: exp(-120) is
+# 0 in float32, so every decay across such a record stays exactly 0, and differences of the
+# prefix sums stay finite (a -inf would give -inf - -inf = NaN).
+VERIFY_G_FLOOR = tl.constexpr(-120.0)
+
+
 @triton.jit
 def _draft_columns(T: tl.constexpr, TB2: tl.constexpr):
     """The verify's stacked columns: c < T is draft c's key, T <= c < 2T draft c - T's query.
@@ -592,12 +603,18 @@ def _gdn_verify_kernel(
         col, isk, isq, d = _draft_columns(T, TB2)
         c = tl.load(cur_ptr + slot)
         gk = tl.load(g_ptr + (b * T + col) * HV + h, mask=isk, other=0.0).to(tl.float32)
+        # a zero decay (g = -inf) as VERIFY_G_FLOOR, whose exp is 0 in float32 as well, here and
+        # for the committed records: the decays below are differences of prefix sums, where
+        # -inf - -inf would be NaN (NaN g stays NaN; the ring keeps the raw g). Every g above
+        # the floor gives the same bits as without it
+        gkc = tl.where(gk < VERIFY_G_FLOOR, VERIFY_G_FLOOR, gk)
         bd = tl.load(beta_ptr + (b * T + col) * HV + h, mask=isk, other=0.0).to(tl.float32)
         # cd[c]: g summed over drafts 0..d(c); one order for every column
-        cd = tl.sum(tl.where((col[None, :] <= d[:, None]) & isk[None, :], gk[None, :], 0.0), 1)
+        cd = tl.sum(tl.where((col[None, :] <= d[:, None]) & isk[None, :], gkc[None, :], 0.0), 1)
         gr = tl.load(gr_ptr + slot * s_gr + h * CAP + tl.arange(0, LB),
                      mask=tl.arange(0, LB) < c, other=0.0)
-        total = tl.sum(gr, 0) + cd  # (TB2,) g since the checkpoint up to the column's draft
+        # (TB2,) g since the checkpoint up to the column's draft
+        total = tl.sum(tl.where(gr < VERIFY_G_FLOOR, VERIFY_G_FLOOR, gr), 0) + cd
         row = ((b * T + d) * HK + hk) * K
         Z = tl.zeros((BV, TB2), dtype=tl.float32)
         SPLIT: tl.constexpr = PREC == "bf16x3"
@@ -620,6 +637,7 @@ def _gdn_verify_kernel(
             j = j0 + r16
             mj = j < c
             gj = tl.load(gr_ptr + slot * s_gr + h * CAP + j, mask=mj, other=0.0)
+            gj = tl.where(gj < VERIFY_G_FLOOR, VERIFY_G_FLOOR, gj)
             cr = done + tl.cumsum(gj, 0)
             done += tl.sum(gj, 0)
             E = tl.where(mj[:, None], tl.exp(total[None, :] - cr[:, None]), 0.0)
@@ -695,7 +713,8 @@ def _gdn_fold_kernel(
                 Vr = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vv[:, None],
                              mask=mj[None, :] & mv[:, None], other=0.0).to(tl.float32)
                 br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-                U = _recompute_u(S, Kr, Vr, br, gr, j, LB, BV, L)
+                gn = tl.load(gr_ptr + slot * s_gr + h * CAP + j + 1, mask=j + 1 < L, other=0.0)
+                U = _recompute_u(S, Kr, Vr, br, gr, gn, j, LB, BV, L)
             else:
                 U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
                             mask=mj[None, :] & mv[:, None], other=0.0)
