@@ -41,6 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--resident", action="store_true",
+                    help="afterwards, print the resident programs per SM each persistent flush "
+                         "kernel was launched with (one line per specialization)")
     args = ap.parse_args(argv)
     jobs = load_jobs(args.jobs)
     root = Path(args.root).resolve()
@@ -64,6 +67,11 @@ def main(argv=None) -> int:
             m = measure(SHAPES[s], args.batch, PRESETS[c], args.reps, device="cuda", **kw)
             print(f"{head} win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "
                   f"fl {m['flush_us']:8.1f}", flush=True)
+    if args.resident:
+        from replayssm_quant.kernels.persistent import resident_table
+
+        for name, knobs, n in resident_table():
+            print(f"{args.tag} resident {name} {json.dumps(knobs)} {n}", flush=True)
     return 0
 
 

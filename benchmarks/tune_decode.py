@@ -212,7 +212,7 @@ def _variants(kind: str, cfg, args) -> list[dict]:
     if cfg.L > 1:
         if cfg.read is not None and cfg.read.name == "nvfp4":
             out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
-        out += [{fk: b, "flush_warps": w, "flush_per_sm": s, "flush_fold": f,
+        out += [{fk: b, "flush_warps": w, "flush_per_sm": s or None, "flush_fold": f,
                  **({"flush_stages": st} if st else {}),
                  **({"flush_precision": fp} if fp != "ieee" else {})}
                 for f, b, w, s, st, fp in itertools.product(args.folds, args.fblocks, args.fwarps,
@@ -311,7 +311,9 @@ def main() -> int:
     ap.add_argument("--warps", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--fblocks", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--fwarps", type=int, nargs="*", default=[4])
-    ap.add_argument("--per-sm", type=int, nargs="*", default=[2, 4, 8])
+    ap.add_argument("--per-sm", type=int, nargs="*", default=[0],
+                    help="persistent flush programs per SM to sweep (0: the library's default, "
+                         "one wave of the programs the compiled kernel leaves resident)")
     ap.add_argument("--fstages", type=int, nargs="*", default=[0],
                     help="software-pipelining stages of the persistent flush loop (0: the "
                          "library's default for the config)")

@@ -353,7 +353,7 @@ def test_launch_defaults_follow_the_measured_table():
     """Step programs: one warp when they read an fp8 / NVFP4 copy, small SR tiles for the
     conventional step; the Mamba-2 flush knobs come from the measured table, and configs
     outside it keep the plain defaults."""
-    from replayssm_quant.kernels.gdn import gdn_step_knobs
+    from replayssm_quant.kernels.gdn import gdn_flush_knobs, gdn_step_knobs
     from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, mamba2_step_knobs
 
     assert mamba2_step_knobs(PRESETS["replay-fp32"], 64, 128) == (64, 2)
@@ -369,20 +369,52 @@ def test_launch_defaults_follow_the_measured_table():
         assert mamba2_step_knobs(PRESETS[name], 64, 128) == (64, 1), name
         assert gdn_step_knobs(PRESETS[name], 128) == (64, 1), name
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 16, 4)
-    assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 32, 4)
+    assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
+    assert gdn_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
+    assert gdn_flush_knobs(PRESETS["shared-nvfp4"]) == ("dot", 8, 1)
+    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 4, 1)
+    assert gdn_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 32, 8)
     custom = replace(PRESETS["nvfp4-read/fp16-sr"], ckpt=F.canonical_format("bf16"))
     assert mamba2_flush_knobs(custom) == ("dot", 32, 8)
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp32"]) == ("records", 8, 1)
     assert mamba2_flush_knobs(PRESETS["fp8-read/fp32"]) == ("dot", 8, 1)
 
 
-def test_flush_programs_per_sm_follow_the_warps():
-    """One-warp flush tiles get 16 persistent programs per SM, two-warp tiles 8, wider tiles
-    the floor of 4; an explicit ``flush_per_sm`` wins (tune_r39_flush_warps_m2.log)."""
-    from replayssm_quant.kernels.mamba2 import flush_programs_per_sm
+def test_persistent_grid_is_one_wave_of_resident_programs():
+    """Programs per SM by the sm_90 rules: registers per warp in 256-register units from a
+    sub-partition's quarter of the file (168 registers, one warp: 12; 255: 8; 160 at four
+    warps: 3), threads and shared memory; an explicit ``flush_per_sm`` wins, and the
+    interpreter runs four programs (tune_r46_fp32_flush_*.log)."""
+    from replayssm_quant.kernels.persistent import persistent_programs, programs_per_sm
 
-    assert [flush_programs_per_sm(w) for w in (1, 2, 4, 8)] == [16, 8, 4, 4]
-    assert flush_programs_per_sm(1, 3) == 3
+    assert programs_per_sm(168, 1) == 12
+    assert programs_per_sm(255, 1) == 8
+    assert programs_per_sm(128, 1) == 16
+    assert programs_per_sm(72, 1) == 28
+    assert programs_per_sm(160, 4) == 3
+    assert programs_per_sm(238, 8) == 1
+    assert programs_per_sm(16, 1) == 32  # the per-SM program limit
+    assert programs_per_sm(32, 32) == 2  # threads: 2048 per SM
+    assert programs_per_sm(32, 1, shared=100_000) == 2  # shared memory
+    cpu = torch.device("cpu")
+    assert persistent_programs(None, cpu, 1000, None, (), {}) == 4
+    assert persistent_programs(None, cpu, 3, 7, (), {}) == 3
+
+
+def test_resident_table_names_each_sized_kernel():
+    from replayssm_quant.kernels import persistent
+
+    class Kernel:
+        def fn(self):
+            pass
+
+    k = Kernel()
+    key = (k, 0, (("BPF", 16), ("L", 16), ("num_warps", 1)), ())
+    persistent._RESIDENT[key] = 12
+    try:
+        assert ("fn", {"BPF": 16, "num_warps": 1}, 12) in persistent.resident_table()
+    finally:
+        del persistent._RESIDENT[key]
 
 
 def test_grid_order_defaults_follow_the_measured_table():

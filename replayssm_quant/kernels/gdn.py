@@ -42,7 +42,6 @@ from .mamba2 import (
     advance_cursor,
     advance_rows,
     flush_list,
-    flush_programs,
     fold_precision,
     fused_prep_default,
     reads_narrow_copy,
@@ -51,6 +50,7 @@ from .mamba2 import (
     verify_chunk,
     verify_precision,
 )
+from .persistent import launch_persistent
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -395,10 +395,15 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
     narrow read copy), ``"records"`` replays the window from the checkpoint record by record
     with 32 rows and 8 warps: Qwen3.5-122B nvfp4-read/fp16-sr flush 4.4 -> 2.4 ms at batch
     256 and 31 -> 21 us at batch 1, against the UT transform's ``X (I + M)^-T``, whose
-    products spilled; otherwise ``"dot"`` (the u's from the ring) with 32 rows and
+    products spilled; otherwise ``"dot"`` (the u's from the ring) on one-warp tiles for a
+    checkpoint without SR: 16 rows for fp32 (Qwen3.5-122B 1432 -> 937 us, 4B 744 -> 457 us,
+    reports/kernels/tune_r46_fp32_flush_*.log), 8 for fp8 / NVFP4 (shared-nvfp4 1829 ->
+    1562 us and 932 -> 793 us, tune_r49_wave_flush_shared_*.log); else 32 rows and
     ``_flush_warps`` warps."""
     if cfg.recompute_u:
         return "records", 32, 8
+    if not cfg.uses_sr:
+        return "dot", 16 if cfg.ckpt.name == "fp32" else 8, 1
     return "dot", 32, _flush_warps(cfg)
 
 
@@ -500,8 +505,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps)
-        _gdn_flush_kernel[(flush_programs(q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
-                                          FW),)](
+        launch_persistent(
+            _gdn_flush_kernel, q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),

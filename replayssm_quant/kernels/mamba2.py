@@ -34,6 +34,7 @@ from .common import (
     store_rows,
     write_state,
 )
+from .persistent import launch_persistent
 
 
 def _fmt(st) -> int:
@@ -412,7 +413,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     FW = flush_warps or fwarps
-    _mamba2_flush_kernel[(flush_programs(x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm, FW),)](
+    launch_persistent(
+        _mamba2_flush_kernel, x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm,
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
         work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
@@ -424,10 +426,6 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
     return y
-
-
-FLUSH_PROGRAMS_PER_SM = 4
-FLUSH_WARPS_PER_SM = 16
 
 
 def mamba2_tile_first(capacity: int, P: int, block_p: int) -> bool:
@@ -504,13 +502,15 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
 
 # Mamba-2 flush knobs (fold, tile rows, warps) measured fastest on the H200 at batch 256 for
 # Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log; the read-copy
-# flushes of an fp32 checkpoint with one-warp tiles and 16 programs per SM:
-# tune_r39_flush_warps_m2.log), keyed by (checkpoint format, SR, read-copy format); other
-# configs keep (dot, 32, _flush_warps).
+# flushes of an fp32 checkpoint with one-warp tiles: tune_r39_flush_warps_m2.log; the plain
+# fp32 checkpoint's, Super 892 -> 692-741 us: tune_r46_fp32_flush_*.log; the NVFP4 read
+# copy over an fp16-SR checkpoint, 1782 -> 1640 us: tune_r49_wave_flush_*.log), keyed by
+# (checkpoint format, SR, read-copy format); other configs keep (dot, 32, _flush_warps).
 MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
+    ("fp32", False, None): ("dot", 16, 1),
     ("fp32", False, "nvfp4"): ("records", 8, 1),
     ("fp32", False, "fp8e4m3"): ("dot", 8, 1),
-    ("fp16", True, "nvfp4"): ("dot", 16, 4),
+    ("fp16", True, "nvfp4"): ("records", 4, 1),
     ("fp8e4m3", True, "nvfp4"): ("records", 16, 4),
     ("fp8e4m3", False, None): ("dot", 16, 4),
 }
@@ -545,26 +545,6 @@ def _records(flush_fold: str | None) -> bool:
     if fold not in FLUSH_FOLDS:
         raise ValueError(f"flush_fold must be one of {FLUSH_FOLDS}, got {flush_fold!r}")
     return fold == "records"
-
-
-def flush_programs_per_sm(warps: int, per_sm: int | None = None) -> int:
-    """Persistent flush programs per SM: ``per_sm`` when given, else enough programs of
-    ``warps`` warps for ``FLUSH_WARPS_PER_SM`` warps and at least ``FLUSH_PROGRAMS_PER_SM``:
-    one-warp flush tiles need 16 programs per SM to hide their latency (Nemotron-3-Super
-    NVFP4 read-copy flush of an fp32 checkpoint: 2.5 ms at 4 per SM, 1.3 ms at 16;
-    reports/kernels/tune_r39_flush_warps_m2.log)."""
-    return per_sm or max(FLUSH_PROGRAMS_PER_SM, FLUSH_WARPS_PER_SM // max(1, warps))
-
-
-def flush_programs(device: torch.device, tiles: int, per_sm: int | None = None,
-                   warps: int = 4) -> int:
-    """Size of the persistent flush grid (``flush_programs_per_sm`` per SM), never more
-    programs than the tiles of a step where every row flushes; four on devices without SMs
-    (the interpreter)."""
-    if device.type != "cuda":
-        return max(1, min(tiles, 4))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, flush_programs_per_sm(warps, per_sm) * sms))
 
 
 def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
