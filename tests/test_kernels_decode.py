@@ -368,7 +368,10 @@ def test_launch_defaults_follow_the_measured_table():
                  "fp8-read/fp32"):
         assert mamba2_step_knobs(PRESETS[name], 64, 128) == (64, 1), name
         assert gdn_step_knobs(PRESETS[name], 128) == (64, 1), name
-    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 16, 4)
+    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 4, 1)
+    assert mamba2_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 8, 1)
+    assert mamba2_flush_knobs(PRESETS["shared-nvfp4"]) == ("dot", 16, 1)
+    assert gdn_flush_knobs(PRESETS["fp8-read/fp32"]) == ("records", 16, 1)
     assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["shared-nvfp4"]) == ("dot", 8, 1)

@@ -504,15 +504,17 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
 # Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log; the read-copy
 # flushes of an fp32 checkpoint with one-warp tiles: tune_r39_flush_warps_m2.log; the plain
 # fp32 checkpoint's, Super 892 -> 692-741 us: tune_r46_fp32_flush_*.log; the NVFP4 read
-# copy over an fp16-SR checkpoint, 1782 -> 1640 us: tune_r49_wave_flush_*.log), keyed by
+# copy over an fp16-SR checkpoint, 1782 -> 1640 us: tune_r49_wave_flush_*.log; over fp8-SR
+# and the fp8 / NVFP4 checkpoints without a read copy: tune_r51_wave_flush_m2.log), keyed by
 # (checkpoint format, SR, read-copy format); other configs keep (dot, 32, _flush_warps).
 MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
     ("fp32", False, None): ("dot", 16, 1),
     ("fp32", False, "nvfp4"): ("records", 8, 1),
     ("fp32", False, "fp8e4m3"): ("dot", 8, 1),
     ("fp16", True, "nvfp4"): ("records", 4, 1),
-    ("fp8e4m3", True, "nvfp4"): ("records", 16, 4),
-    ("fp8e4m3", False, None): ("dot", 16, 4),
+    ("fp8e4m3", True, "nvfp4"): ("records", 4, 1),
+    ("fp8e4m3", False, None): ("dot", 8, 1),
+    ("nvfp4", False, None): ("dot", 16, 1),
 }
 
 
