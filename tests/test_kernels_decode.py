@@ -404,6 +404,21 @@ def test_persistent_grid_is_one_wave_of_resident_programs():
     assert persistent_programs(None, cpu, 3, 7, (), {}) == 3
 
 
+def test_resident_programs_fall_back_when_triton_cannot_tell():
+    """A kernel object without Triton's warmup internals gets the old grid with a warning."""
+    from replayssm_quant.kernels import persistent
+
+    class Bare:
+        pass
+
+    k = Bare()
+    with pytest.warns(RuntimeWarning, match="persistent grid"):
+        n = persistent.resident_programs(k, torch.device("cuda", 0), (), {"BPF": 8})
+    assert n == persistent.FALLBACK_PER_SM
+    assert persistent.resident_programs(k, torch.device("cuda", 0), (), {"BPF": 8}) == n
+    persistent._RESIDENT.clear()
+
+
 def test_resident_table_names_each_sized_kernel():
     from replayssm_quant.kernels import persistent
 

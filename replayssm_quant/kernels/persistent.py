@@ -13,6 +13,7 @@ the CUDA driver's occupancy query reports them.
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ SM_SHARED = 233472
 SM_PROGRAMS = 32
 REG_UNIT = 256  # registers per warp are allocated in units of 256
 SHARED_RESERVED = 1024  # shared memory the system reserves per program
+
+FALLBACK_PER_SM = 4  # the grid before programs were counted, for a Triton this cannot read
 
 _RESIDENT: dict[tuple, int] = {}
 
@@ -73,9 +76,15 @@ def resident_programs(kernel, device: torch.device, args: tuple, kwargs: dict) -
     key = (kernel, device.index, tuple(sorted(kwargs.items())), tuple(map(_arg_key, args)))
     n = _RESIDENT.get(key)
     if n is None:
-        compiled = kernel.warmup(*args, grid=(1,), **kwargs)
-        compiled._init_handles()
-        warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
+        try:
+            compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+            compiled._init_handles()
+            warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
+        except (AttributeError, TypeError) as err:  # a Triton without these internals
+            warnings.warn(f"cannot size the persistent grid from the compiled kernel ({err}); "
+                          f"using {FALLBACK_PER_SM} programs per SM", RuntimeWarning, stacklevel=2)
+            _RESIDENT[key] = FALLBACK_PER_SM
+            return FALLBACK_PER_SM
         n = _driver_occupancy(compiled.function, 32 * warps, shared)
         if n is None:
             props = torch.cuda.get_device_properties(device)
