@@ -370,17 +370,19 @@ def test_launch_defaults_follow_the_measured_table():
         assert gdn_step_knobs(PRESETS[name], 128) == (64, 1), name
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 4, 1)
     assert mamba2_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 8, 1)
-    assert mamba2_flush_knobs(PRESETS["shared-nvfp4"]) == ("dot", 16, 1)
+    assert mamba2_flush_knobs(PRESETS["shared-nvfp4"]) == ("records", 8, 1)
     assert gdn_flush_knobs(PRESETS["fp8-read/fp32"]) == ("records", 16, 1)
     assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
-    assert gdn_flush_knobs(PRESETS["shared-nvfp4"]) == ("dot", 8, 1)
+    assert gdn_flush_knobs(PRESETS["shared-nvfp4"]) == ("records", 8, 1)
+    assert gdn_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 8, 1)
+    assert gdn_flush_knobs(PRESETS["nvfp4-read/fp32"]) == ("records", 16, 1)
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 4, 1)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 32, 8)
     custom = replace(PRESETS["nvfp4-read/fp16-sr"], ckpt=F.canonical_format("bf16"))
     assert mamba2_flush_knobs(custom) == ("dot", 32, 8)
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp32"]) == ("records", 8, 1)
-    assert mamba2_flush_knobs(PRESETS["fp8-read/fp32"]) == ("dot", 8, 1)
+    assert mamba2_flush_knobs(PRESETS["fp8-read/fp32"]) == ("records", 8, 1)
 
 
 def test_persistent_grid_is_one_wave_of_resident_programs():

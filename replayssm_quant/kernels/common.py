@@ -311,7 +311,7 @@ def nvfp4_row_encode(x, r, BR: tl.constexpr, N: tl.constexpr, SR: tl.constexpr):
     row_scale = tl.math.div_rn(tl.max(blk_amax, axis=1), 2688.0)
     s = safe_div(blk_amax, 6.0 * row_scale[:, None])
     s = tl.minimum(tl.maximum(s, 0.001953125), 448.0)
-    s = round_grid(s, s.to(tl.uint32, bitcast=True), 3, -6, 448.0, False)
+    s = round_grid_rn_value(s, 3, -6, 448.0)  # positive and finite here: the value form is exact
     blk_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
     s = tl.where(blk_nan, float("nan"), s)
     eff = s * row_scale[:, None]

@@ -312,12 +312,15 @@ def _gdn_flush_kernel(
             for t in tl.static_range(L - 1):
                 gj = tl.load(gr_ptr + slot * s_gr + h * CAP + t)
                 bj = tl.load(br_ptr + slot * s_br + h * CAP + t)
-                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + t) * K + kk).to(tl.float32)
+                # the key loaded as a (rows, K) tile of one record: it then arrives in the
+                # state's layout instead of being moved into it through shuffles / shared memory
+                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + t) * K + kk[None, :]
+                             + 0 * vvf[:, None]).to(tl.float32)
                 vj = tl.load(vr_ptr + slot * s_vr + (h * CAP + t) * V + vvf, mask=mvf,
                              other=0.0).to(tl.float32)
                 Sf = tl.exp(gj) * Sf
-                uj = bj * (vj - tl.sum(Sf * kj[None, :], axis=1))
-                Sf = Sf + uj[:, None] * kj[None, :]
+                uj = bj * (vj - tl.sum(Sf * kj, axis=1))
+                Sf = Sf + uj[:, None] * kj
             Sf = tl.exp(gt) * Sf
             uf = beta * (vf - tl.sum(Sf * k[None, :], axis=1))
         elif RECOMPUTE:
@@ -342,8 +345,9 @@ def _gdn_flush_kernel(
                 dj = tl.exp(sfx)
                 uj = tl.load(ur_ptr + slot * s_ur + (h * CAP + jj) * V + vvf, mask=mvf,
                              other=0.0) * dj
-                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + jj) * K + kk).to(tl.float32)
-                upd += uj[:, None] * kj[None, :]
+                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + jj) * K + kk[None, :]
+                             + 0 * vvf[:, None]).to(tl.float32)  # in the state's layout
+                upd += uj[:, None] * kj
                 wr += uj * tl.load(kd_row + jj)
                 sfx += tl.load(gr_ptr + slot * s_gr + h * CAP + jj)
             wf = G * tl.sum(Sf * k[None, :], axis=1) + wr
@@ -398,12 +402,17 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
     products spilled; otherwise ``"dot"`` (the u's from the ring) on one-warp tiles for a
     checkpoint without SR: 16 rows for fp32 (Qwen3.5-122B 1432 -> 937 us, 4B 744 -> 457 us,
     reports/kernels/tune_r46_fp32_flush_*.log), 8 for fp8 / NVFP4 (shared-nvfp4 1829 ->
-    1562 us and 932 -> 793 us, tune_r49_wave_flush_shared_*.log); else 32 rows and
-    ``_flush_warps`` warps."""
+    1562 us and 932 -> 793 us, tune_r49_wave_flush_shared_*.log), the NVFP4 checkpoint
+    folding record by record once the keys load in the state's layout (1534 -> 1286 us and
+    780 -> 657 us, tune_r53_flush_variants.log); else 32 rows and ``_flush_warps`` warps. The
+    fp8 / NVFP4 copies of an fp32 checkpoint replay on one-warp 16-row tiles."""
     if cfg.recompute_u:
-        if cfg.read.name.startswith("fp8") and not cfg.uses_sr:
-            return "records", 16, 1  # fp8 copy of an fp32 checkpoint: 4B 1106 -> 1016 us (r51)
+        if not cfg.uses_sr:  # fp8 / NVFP4 copy of an fp32 checkpoint: one-warp tiles (fp8 on
+            # 4B 1106 -> 1016 us, tune_r51; NVFP4 on 122B 2076 -> 1834 us, tune_r53)
+            return "records", 16, 1
         return "records", 32, 8
+    if cfg.ckpt.name == "nvfp4" and not cfg.uses_sr:  # 122B 1534 -> 1286 us (tune_r53)
+        return "records", 8, 1
     if not cfg.uses_sr:
         return "dot", 16 if cfg.ckpt.name == "fp32" else 8, 1
     return "dot", 32, _flush_warps(cfg)
