@@ -476,3 +476,21 @@ def test_gdn_ut_flush_refuses_the_faulting_tf32x3_tile():
     cfg = _small_L(PRESETS["nvfp4-read/fp16-sr"])
     _run("gdn", cfg, steps=cfg.L, flush_fold="dot", flush_precision="tf32x3", flush_block_v=16,
          flush_warps=8)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_lut_decode_matches_reference(kind):
+    """The 16-entry table decode of NVFP4 copies (``lut=True``) reads the same values."""
+    _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), steps=3, lut=True)
+
+
+def test_default_decode_builds_no_table():
+    """Without ``lut`` the kernels get a placeholder pointer: the first decode step copies
+    nothing from host memory, so it may run inside a CUDA-graph capture."""
+    from replayssm_quant.formats import E2M1_VALUES
+    from replayssm_quant.kernels.common import lut_table
+
+    y = torch.zeros(3)
+    assert lut_table(False, y) is y
+    table = lut_table(True, y)
+    assert table.tolist() == list(E2M1_VALUES) + [-v for v in E2M1_VALUES]

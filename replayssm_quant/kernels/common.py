@@ -631,16 +631,28 @@ _E2M1_TABLES: dict = {}
 
 
 def e2m1_table(device) -> torch.Tensor:
-    """The 16 E2M1 code values (fp32) on ``device``, cached; read by the LUT decode path."""
+    """The 16 E2M1 code values (fp32) on ``device``, cached; read by the LUT decode path.
+    Building it copies from host memory, which a CUDA-graph capture does not allow: the
+    first ``lut=True`` step runs outside capture."""
     import torch
 
     from ..formats import E2M1_VALUES
 
     key = str(device)
     if key not in _E2M1_TABLES:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("lut=True: run one decode step outside CUDA-graph capture first "
+                               "(the E2M1 table is copied from host memory once per device)")
         vals = list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
         _E2M1_TABLES[key] = torch.tensor(vals, dtype=torch.float32, device=device)
     return _E2M1_TABLES[key]
+
+
+def lut_table(lut: bool, placeholder: torch.Tensor) -> torch.Tensor:
+    """The E2M1 table when the LUT decode runs, else ``placeholder`` (any fp32 tensor of the
+    launch: the kernel never reads it), so that the default decode builds nothing and can be
+    captured in a CUDA graph on its first call."""
+    return e2m1_table(placeholder.device) if lut else placeholder
 
 
 @triton.jit

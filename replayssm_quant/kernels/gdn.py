@@ -19,11 +19,11 @@ import triton.language as tl
 from ..ssm import gdn as ref
 from .cache import ReplayCache, reference_call, runs_reference, slot_stride
 from .common import (
-    e2m1_table,
     load_cols,
     load_rows,
     log_decay_segments,
     log_decay_suffixes,
+    lut_table,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -512,7 +512,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
-            e2m1_table(q.device), cache.flush_index, work, Bsz, HV=HV, HK=HK, V=V, K=K,
+            lut_table(lut, o), cache.flush_index, work, Bsz, HV=HV, HK=HK, V=V, K=K,
             L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps)

@@ -21,10 +21,10 @@ from .cache import ReplayCache, reference_call, runs_reference, slot_stride
 from .common import (
     FMT_CODES,
     FMT_NONE,
-    e2m1_table,
     load_cols,
     load_rows,
     log_decay_suffixes,
+    lut_table,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -409,7 +409,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     src = rd if cache.read is not None else ck
     _mamba2_nonflush_kernel[grid](
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
-        slot_stride(Br), cache.cursor, bc, e2m1_table(x.device), cache.flush_index, work, Bsz,
+        slot_stride(Br), cache.cursor, bc, lut_table(lut, y), cache.flush_index, work, Bsz,
         H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
         BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps or kw)

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 import torch
 
 from ..kernels.cache import ReplayCache
-from ..kernels.common import e2m1_table
 from . import runtime
 from .layout import PageLayout, extend_page
 from .settings import PluginSettings, settings_for
@@ -98,7 +97,6 @@ class PluginLayerMixin:
             flush_index=torch.zeros(n, dtype=torch.int32, device=device),
             nan_count=torch.zeros(1, dtype=torch.int32, device=device),
             layer=self.replayssm_layer_index, seed=self.replayssm_settings.seed)
-        e2m1_table(device)  # created now, never during CUDA-graph capture
 
     def _replayssm_warming(self, fn, *args: Any) -> Any:
         self._replayssm_warmup = True
