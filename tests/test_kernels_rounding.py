@@ -24,10 +24,10 @@ N = 4096
 
 @triton.jit
 def _round_kernel(x_ptr, r_ptr, out_ptr, FMT: tl.constexpr, SR: tl.constexpr,
-                  N: tl.constexpr, TILE: tl.constexpr):
+                  N: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr = True):
     for t in tl.static_range(N // TILE):
         i = t * TILE + tl.arange(0, TILE)
-        tl.store(out_ptr + i, round_to(tl.load(x_ptr + i), tl.load(r_ptr + i), FMT, SR))
+        tl.store(out_ptr + i, round_to(tl.load(x_ptr + i), tl.load(r_ptr + i), FMT, SR, WIDE))
 
 
 @triton.jit
@@ -81,20 +81,21 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
-@pytest.mark.parametrize("name,code", [("fp16", 1), ("bf16", 2), ("fp8e4m3", 3)])
+@pytest.mark.parametrize("name,code,wide", [("fp16", 1, True), ("fp16", 1, False), ("bf16", 2, True),
+                                            ("fp8e4m3", 3, True)])
 @pytest.mark.parametrize("rounding", ["rn", "sr"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_round_to_matches_reference_bits(name, code, rounding, seed):
+def test_round_to_matches_reference_bits(name, code, wide, rounding, seed):
     x, r = _inputs(seed)
     out = torch.full((N,), float("nan"))
-    _round_kernel[(1,)](x, r, out, FMT=code, SR=rounding == "sr", N=N, TILE=512)
+    _round_kernel[(1,)](x, r, out, FMT=code, SR=rounding == "sr", N=N, TILE=512, WIDE=wide)
     ref = F.round_elements(x, F.FORMATS[name], rounding, r if rounding == "sr" else None)
     assert _same(out, ref)
     assert bool((torch.signbit(out) == torch.signbit(ref)).all())
 
 
-@pytest.mark.parametrize("name,code", [("fp16", 1), ("bf16", 2)])
-def test_sr_fast_and_full_tile_paths(name, code):
+@pytest.mark.parametrize("name,code,wide", [("fp16", 1, True), ("fp16", 1, False), ("bf16", 2, True)])
+def test_sr_fast_and_full_tile_paths(name, code, wide):
     """fp16 / bf16 SR round a tile in a few integer instructions when all its values are in
     the plain range and run the full recipe otherwise: tiles of plain values only, and tiles
     that each hold one value of another kind (zero, a value below 2^-14, above 65504, near
@@ -109,7 +110,7 @@ def test_sr_fast_and_full_tile_paths(name, code):
         x[256 * (i + 1) + 17 * i] = v
         r[256 * (i + 1) + 17 * i] = 0  # u = 0: rounds up wherever it can
     out = torch.full((N,), float("nan"))
-    _round_kernel[(1,)](x, r, out, FMT=code, SR=True, N=N, TILE=256)
+    _round_kernel[(1,)](x, r, out, FMT=code, SR=True, N=N, TILE=256, WIDE=wide)
     ref = F.round_elements(x, F.FORMATS[name], "sr", r)
     assert _same(out, ref)
     assert bool((torch.signbit(out) == torch.signbit(ref)).all())
@@ -247,3 +248,30 @@ def test_split_dot_products_are_exact(terms, src):
     assert bool((run(terms) <= bound).all())
     if terms > 1:
         assert not bool((run(terms - 1) <= bound).all())
+
+
+def test_fp16_sr_subnormal_tiles():
+    """fp16 SR of tiles holding zeros and values in fp16's subnormal range (2^-24 .. 2^-14,
+    the per-element carry of ``round_fp16_sr_wide``; the full recipe of ``round_fp16_sr``),
+    next to tiles that also hold a value below 2^-24 (the full recipe): every element against
+    the reference, random words of all 32 bits and the extreme words 0 and 2^32 - 1."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(N, generator=g) * 0.05
+    sign = torch.where(torch.rand(N, generator=g) < 0.5, -1.0, 1.0)
+    sub = sign * (1 + torch.rand(N, generator=g)) * torch.exp2(
+        -torch.randint(15, 25, (N,), generator=g).float())  # 2^-24 <= |sub| < 2^-13
+    x[::7] = sub[::7]
+    x[::11] = 0.0
+    x[5::13] = -0.0
+    x[3::29] = 2.0**-24 * torch.randint(1, 1024, (N,), generator=g)[3::29].float()  # grid points
+    x[2048 + 100] = 2.0**-30  # the second half's tiles: one value below 2^-24
+    x[3072 + 7] = -3e-9
+    r = torch.randint(0, 2**32, (N,), generator=g, dtype=torch.int64).to(torch.uint32)
+    r[::17] = 0
+    r[1::19] = 2**32 - 1
+    for tile, wide in ((256, True), (1024, True), (256, False)):
+        out = torch.full((N,), float("nan"))
+        _round_kernel[(1,)](x, r, out, FMT=1, SR=True, N=N, TILE=tile, WIDE=wide)
+        ref = F.round_elements(x, F.FORMATS["fp16"], "sr", r)
+        assert _same(out, ref), tile
+        assert bool((torch.signbit(out) == torch.signbit(ref)).all()), tile

@@ -85,7 +85,7 @@ def _gdn_conv_kernel(
         elem = rows[:, None] * K + kk[None, :]
         r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
         _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                             ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K)
+                             ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K, False)
         if nans > 0:
             tl.atomic_add(nan_ptr, nans)
 

@@ -75,7 +75,7 @@ def _mamba2_conv_kernel(
         elem = rows[:, None] * N + n[None, :]
         r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
         _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                             ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N)
+                             ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N, False)
         if nans > 0:
             tl.atomic_add(nan_ptr, nans)
 
