@@ -421,6 +421,31 @@ def test_resident_programs_fall_back_when_triton_cannot_tell():
     persistent._RESIDENT.clear()
 
 
+def test_resident_programs_keyed_on_specialized_arguments_only():
+    """A row count Triton does not specialize on (``do_not_specialize``) does not make a new
+    grid-size query: a new batch size inside a CUDA-graph capture asks nothing new. An
+    argument Triton does specialize on (divisible by 16 or not) does."""
+    from replayssm_quant.kernels import persistent
+
+    class Bare:
+        arg_names = ["x_ptr", "seed", "nrows", "stride"]
+        do_not_specialize = ["seed", 2]
+
+    k, dev, t = Bare(), torch.device("cuda", 0), torch.zeros(4)
+    try:
+        with pytest.warns(RuntimeWarning, match="persistent grid"):
+            persistent.resident_programs(k, dev, (t, 3, 1, 16), {"BPF": 8})
+        assert len(persistent._RESIDENT) == 1
+        for seed, nrows in ((5, 17), (7, 48), (0, 256)):
+            persistent.resident_programs(k, dev, (t, seed, nrows, 16), {"BPF": 8})
+        assert len(persistent._RESIDENT) == 1
+        with pytest.warns(RuntimeWarning, match="persistent grid"):
+            persistent.resident_programs(k, dev, (t, 3, 1, 24), {"BPF": 8})
+        assert len(persistent._RESIDENT) == 2
+    finally:
+        persistent._RESIDENT.clear()
+
+
 def test_resident_table_names_each_sized_kernel():
     from replayssm_quant.kernels import persistent
 

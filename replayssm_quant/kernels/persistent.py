@@ -70,10 +70,26 @@ def _arg_key(a: Any) -> Any:
     return type(a).__name__
 
 
+def _unspecialized(kernel) -> set[int]:
+    """Positions of the arguments Triton does not specialize on (``do_not_specialize``, given
+    as names or positions), e.g. a row count that changes with the batch size."""
+    names = getattr(kernel, "arg_names", None) or []
+    out = set()
+    for a in getattr(kernel, "do_not_specialize", None) or ():
+        if isinstance(a, int):
+            out.add(a)
+        elif a in names:
+            out.add(names.index(a))
+    return out
+
+
 def resident_programs(kernel, device: torch.device, args: tuple, kwargs: dict) -> int:
     """Programs per SM of ``kernel`` compiled for these arguments (compiled without a launch,
-    once per specialization)."""
-    key = (kernel, device.index, tuple(sorted(kwargs.items())), tuple(map(_arg_key, args)))
+    once per specialization: arguments Triton does not specialize on, such as the batch's
+    row count, do not make a new one, so a new batch size asks nothing new)."""
+    skip = _unspecialized(kernel)
+    key = (kernel, device.index, tuple(sorted(kwargs.items())),
+           tuple(_arg_key(a) for i, a in enumerate(args) if i not in skip))
     n = _RESIDENT.get(key)
     if n is None:
         try:
