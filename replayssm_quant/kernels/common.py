@@ -194,7 +194,7 @@ def round_fp16_sr_wide(x, r):
     key = tl.where(ab == 0, 0, ab - 0x33800000).to(tl.uint32, bitcast=True)
     if tl.max(key, axis=None) <= 0x13FFE000:
         s = tl.minimum(tl.maximum(126 - (ab >> 23), 13), 23)
-        carry = (~r) >> (32 - s).to(tl.uint32)
+        carry = (r ^ 0xFFFFFFFF) >> (32 - s).to(tl.uint32)  # ~r: the interpreter rejects ~ on uint32
         q = ((bits + carry.to(tl.int32, bitcast=True)) & (-1 << s)).to(tl.float32, bitcast=True)
     else:
         q = _round_fp16_sr_full(x, r)
