@@ -73,10 +73,10 @@ def _stagger(kind, ref, inp) -> None:
             gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], sl)
 
 
-def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, **kw):
+def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16, **kw):
     g = torch.Generator().manual_seed(seed)
     if kind == "mamba2":
-        H, P, N, G = 4, 16, 32, 2
+        H, P, N, G = 4, head_dim, 32, 2
         ref = mamba2.init_mamba2_state(cfg, NSLOTS, H, P, N, G, seed=11, layer=3)
         inp = mamba2_inputs(len(SLOTS), steps, H, P, N, G, generator=g)
         S0 = torch.randn(NSLOTS, H, P, N, generator=g) * 0.3
@@ -97,13 +97,13 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, **kw):
     for t in range(steps):
         ker = _clone(ref)
         cache = cache_from_reference(ker)
-        poison = torch.full((len(SLOTS),) + ((4, 16)), float("nan"))
+        poison = torch.full((len(SLOTS), 4, P if kind == "mamba2" else V), float("nan"))
         if kind == "mamba2":
             a = {k: (v[:, t] if v is not None and v.dim() > 1 else v) for k, v in inp.items()}
             y_ref = mamba2.decode_step(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
             y = mamba2_decode_step(cache, a["x"].contiguous(), a["dt"].contiguous(), a["A"],
                                    a["Bm"].contiguous(), a["C"].contiguous(), a["D"], SLOTS,
-                                   block_p=16, out=poison, **kw)
+                                   out=poison, **{"block_p": 16, **kw})
         else:
             a = {k: v[:, t].contiguous() for k, v in inp.items()}
             y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
@@ -519,3 +519,33 @@ def test_default_decode_builds_no_table():
     assert lut_table(False, y) is y
     table = lut_table(True, y)
     assert table.tolist() == list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_register_caps_reach_the_launches(kind):
+    """``maxnreg`` / ``flush_maxnreg`` cap the step's and the flush's registers (a launch
+    option: the results are the reference's either way); bad caps are refused before any
+    launch."""
+    from replayssm_quant.kernels.common import register_cap
+
+    assert register_cap(None) == {} and register_cap(64) == {"maxnreg": 64}
+    for bad in (8, 300, 64.0, True, "64"):
+        with pytest.raises(ValueError, match="maxnreg"):
+            register_cap(bad)
+    _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), steps=3, maxnreg=64, flush_maxnreg=72)
+    _run(kind, PRESETS["fp16-sr"], steps=2, maxnreg=64)
+
+
+@pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "fp8-read/fp32", "replay-fp32"])
+def test_whole_head_non_flush_matches_reference(name):
+    """A head dim that is no power of two (24: 16 + 8 rows) in one program per head, by default
+    for narrow reads at the default tile rows and on request for others, matches the
+    reference; so do the padded tiles it replaces."""
+    from replayssm_quant.kernels.mamba2 import whole_head_default, whole_head_rows
+
+    assert whole_head_rows(80, 128) == (64, 16) and whole_head_rows(64, 128) is None
+    assert whole_head_rows(24, 32) == (16, 8) and whole_head_rows(200, 128) is None
+    cfg = _small_L(PRESETS[name])
+    assert whole_head_default(cfg) == (name != "replay-fp32")
+    _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=None, whole_head=True)
+    _run("mamba2", cfg, steps=2, head_dim=24, block_p=None, whole_head=False)

@@ -345,12 +345,14 @@ def launch_attrs(fn, signature: dict) -> dict:
 
 
 def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
-               lines: bool = False) -> dict:
+               lines: bool = False, maxnreg: int | None = None) -> dict:
     """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas); with
-    ``lines``, also the per-source-line counts of the main loop (or of the whole kernel)."""
+    ``lines``, also the per-source-line counts of the main loop (or of the whole kernel).
+    ``maxnreg`` caps the registers per thread as the launch option of that name does."""
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=launch_attrs(fn, signature))
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": num_warps, "maxnreg": maxnreg})
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
@@ -389,13 +391,15 @@ def main() -> None:
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
                     help="also the N source lines with the most barriers / spills in the main "
                          "loop (the whole kernel when it has none)")
+    ap.add_argument("--maxnreg", type=int, default=None,
+                    help="cap the registers per thread (the launch option of that name)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
                              fold=a.fold)
-    s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0)
+    s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
     if a.json:
         print(json.dumps(s, indent=1))
         return

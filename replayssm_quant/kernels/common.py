@@ -368,6 +368,17 @@ def nvfp4_row_decode(packed, bscale, row_scale, BR: tl.constexpr, N: tl.constexp
     return tl.reshape(tl.reshape(v, (BR, N // 16, 16)) * eff[:, :, None], (BR, N))
 
 
+def register_cap(maxnreg: int | None) -> dict:
+    """Launch options capping a kernel's registers per thread (Triton's ``maxnreg``): fewer
+    registers let an SM hold more warps, which hides the latency of kernels bound by it, at
+    the cost of spills where the cap is below what the kernel needs. None: no cap."""
+    if maxnreg is None:
+        return {}
+    if isinstance(maxnreg, bool) or not isinstance(maxnreg, int) or not 24 <= maxnreg <= 255:
+        raise ValueError(f"maxnreg must be an integer from 24 to 255 or None, got {maxnreg!r}")
+    return {"maxnreg": maxnreg}
+
+
 @triton.jit
 def row_head_tile(TILE_FIRST: tl.constexpr):
     """(batch row, head, tile) of a program of a per-(row, head, tile) grid, launched as

@@ -24,6 +24,7 @@ from .common import (
     log_decay_segments,
     log_decay_suffixes,
     lut_table,
+    register_cap,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -461,6 +462,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     flush_stages: int | None = None, flush_fold: str | None = None,
                     flush_precision: str | None = None, tile_first: bool | None = None,
                     fuse_advance: bool = True, fuse_prep: bool | None = None,
+                    maxnreg: int | None = None, flush_maxnreg: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
@@ -484,7 +486,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         _gdn_conv_kernel[grid](q, k, v, g, beta, slots, o, *ck, cache.flush_index,
                                cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
                                K=K, CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=BV,
-                               TILE_FIRST=tf, num_warps=num_warps)
+                               TILE_FIRST=tf, num_warps=num_warps, **register_cap(maxnreg))
         if advance:
             advance_cursor(cache, slots)
     else:
@@ -515,7 +517,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             lut_table(lut, o), cache.flush_index, work, Bsz, HV=HV, HK=HK, V=V, K=K,
             L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
-            TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps)
+            TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps, **register_cap(maxnreg))
         launch_persistent(
             _gdn_flush_kernel, q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
@@ -524,7 +526,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
             RECORDS=records, STAGES=flush_stages,
             FOLD_PREC=fold_precision(flush_precision), ADVANCE=advance and fuse_advance,
-            num_warps=FW)
+            num_warps=FW, **register_cap(flush_maxnreg))
         if advance and not fuse_advance:
             advance_cursor(cache, slots)
     return o

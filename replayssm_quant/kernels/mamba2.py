@@ -25,6 +25,7 @@ from .common import (
     load_rows,
     log_decay_suffixes,
     lut_table,
+    register_cap,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -155,6 +156,29 @@ def _mamba2_prep_kernel(
         tl.store(out + LB, tl.sum(Bv * Cv, axis=0))
 
 
+@triton.jit
+def _nonflush_rows(p, mp, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
+                   x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
+                   s_srcbs, xr_ptr, s_xr, lut_ptr,
+                   H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+                   CAP: tl.constexpr, SRC_FMT: tl.constexpr, HAS_D: tl.constexpr,
+                   BP: tl.constexpr, LUT: tl.constexpr):
+    """The non-flush output of head-dim rows ``p`` (BP of them, ``mp`` valid): y from the read
+    source and the ring, then this token's x appended to the ring."""
+    sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                     src_bs_ptr + slot * s_srcbs, h * P + p, mp,
+                     C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT)
+    x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
+    xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                 mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    y = decay * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
+    y += (dt * x) * bcc
+    if HAS_D:
+        y += tl.load(D_ptr + h).to(tl.float32) * x
+    tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
+    tl.store(xr_ptr + slot * s_xr + (h * CAP + c) * P + p, x.to(xr_ptr.dtype.element_ty), mask=mp)
+
+
 @triton.jit(do_not_specialize=["nrows"])
 def _mamba2_nonflush_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr, slots_ptr, y_ptr,
@@ -164,13 +188,16 @@ def _mamba2_nonflush_kernel(
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False, BP2: tl.constexpr = 0,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
     once: the flush kernel serves them. With FUSED_PREP the program forms its group's
     ``B_j . C`` itself and the first program builds the flush list, so the ring-products
-    launch is skipped (small batches, where every launch costs microseconds)."""
+    launch is skipped (small batches, where every launch costs microseconds). With BP2 > 0 a
+    program covers its whole head in two passes, rows ``[0, BP)`` then ``[BP, BP + BP2)``
+    (``whole_head_rows``): a head dim that is no power of two then computes no padding rows
+    and spends the per-program work once per head."""
     b, h, pt = row_head_tile(TILE_FIRST)
     if FUSED_PREP:
         if (b == 0) & (h == 0) & (pt == 0):
@@ -181,15 +208,9 @@ def _mamba2_nonflush_kernel(
         if c != L - 1:
             HPG: tl.constexpr = H // G
             g = h // HPG
-            p = pt * BP + tl.arange(0, BP)
-            mp = p < P
             j = tl.arange(0, LB)
-            sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                             src_bs_ptr + slot * s_srcbs, h * P + p, mp,
-                             C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT)
             dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
             A = tl.load(A_ptr + h).to(tl.float32)
-            x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
             w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
             if FUSED_PREP:
                 n = tl.arange(0, N)
@@ -201,15 +222,18 @@ def _mamba2_nonflush_kernel(
             else:
                 bc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + j, mask=mj, other=0.0)
                 bcc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + LB)
-            xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
-                         mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
-            y = tl.exp(A * total) * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
-            y += (dt * x) * bcc
-            if HAS_D:
-                y += tl.load(D_ptr + h).to(tl.float32) * x
-            tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
-            tl.store(xr_ptr + slot * s_xr + (h * CAP + c) * P + p,
-                     x.to(xr_ptr.dtype.element_ty), mask=mp)
+            decay = tl.exp(A * total)
+            p = pt * BP + tl.arange(0, BP)
+            _nonflush_rows(p, p < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
+                           x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
+                           s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, H, P, N, G, CAP, SRC_FMT,
+                           HAS_D, BP, LUT)
+            if BP2 > 0:
+                p2 = BP + tl.arange(0, BP2)
+                _nonflush_rows(p2, p2 < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
+                               x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr,
+                               s_src, s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, H, P, N, G, CAP,
+                               SRC_FMT, HAS_D, BP2, LUT)
             if pt == 0:
                 tl.store(dtr_ptr + slot * s_dtr + h * CAP + c, dt)
                 if h % HPG == 0:
@@ -362,6 +386,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        flush_stages: int | None = None, flush_fold: str | None = None,
                        flush_precision: str | None = None, tile_first: bool | None = None,
                        fuse_advance: bool = True, fuse_prep: bool | None = None,
+                       maxnreg: int | None = None, flush_maxnreg: int | None = None,
+                       whole_head: bool | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -373,7 +399,10 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     flushing rows' tiles (``flush_block_p`` rows, ``flush_warps``), which also advances the
     cursors unless ``fuse_advance=False`` (then a fourth launch does). ``fuse_prep`` (default
     ``fused_prep_default``: small batches) has the non-flush launch form the ring products
-    and the flush list itself, one launch fewer.
+    and the flush list itself, one launch fewer. ``whole_head`` (default
+    ``whole_head_default``, at the default tile rows) has each non-flush program cover a whole
+    head whose dim is no power of two in two row passes (``whole_head_rows``). ``maxnreg`` /
+    ``flush_maxnreg`` cap the registers of the step / flush programs (``register_cap``).
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
@@ -384,15 +413,25 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     kb, kw = mamba2_step_knobs(cfg, P, N)
     BP = block_p or small_grid_rows(cfg, kb, P, H, Bsz)
-    tf = mamba2_tile_first(cache.capacity, P, BP) if tile_first is None else tile_first
-    grid = step_grid(Bsz, H, triton.cdiv(P, BP), tf)
+    BP2 = 0
+    split = whole_head_rows(P, N) if cache.capacity else None
+    if whole_head is None:
+        whole_head = whole_head_default(cfg) and block_p is None and BP == kb
+    if whole_head and split is not None:
+        BP, BP2 = split
+    tiles = 1 if BP2 else triton.cdiv(P, BP)
+    if tile_first is None:  # a whole-head grid has one tile per head: nothing to order
+        tile_first = not BP2 and mamba2_tile_first(cache.capacity, P, BP)
+    tf = tile_first
+    grid = step_grid(Bsz, H, tiles, tf)
     d = D if D is not None else A
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:
         _mamba2_conv_kernel[grid](
             x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
             cache.seed, cache.layer, H=H, P=P, N=N, G=G, CK_FMT=_fmt(cache.ckpt),
-            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, TILE_FIRST=tf, num_warps=num_warps or kw)
+            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, TILE_FIRST=tf, num_warps=num_warps or kw,
+            **register_cap(maxnreg))
         if advance:
             advance_cursor(cache, slots)
         return y
@@ -412,7 +451,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         slot_stride(Br), cache.cursor, bc, lut_table(lut, y), cache.flush_index, work, Bsz,
         H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps or kw)
+        BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, BP2=BP2, num_warps=num_warps or kw,
+        **register_cap(maxnreg))
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     FW = flush_warps or fwarps
@@ -425,7 +465,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
         RECORDS=_records(flush_fold or fold), FOLD_PREC=fold_precision(flush_precision),
-        ADVANCE=advance and fuse_advance, num_warps=FW)
+        ADVANCE=advance and fuse_advance, num_warps=FW, **register_cap(flush_maxnreg))
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
     return y
@@ -454,6 +494,24 @@ def _flush_warps(cfg) -> int:
     """Warps per flush program (tuned on the H200 at batch 256, reports/kernels): 8 when the
     checkpoint takes SR (the Philox words and the rounding spill at 4 warps), else 4."""
     return 8 if cfg.uses_sr else 4
+
+
+def whole_head_rows(P: int, N: int) -> tuple[int, int] | None:
+    """Two power-of-two row passes ``(BP, BP2)`` that cover a head dim ``P`` that is no power of
+    two with as little padding as two passes allow (Nemotron-3-Nano's 80: 64 + 16), or None
+    when ``P`` is one tile already or the first pass would exceed the non-flush tile limit."""
+    cap = 64 if N <= 128 else 32
+    bp = 1 << (P.bit_length() - 1)
+    if bp == P or bp > cap or P - bp > bp:
+        return None
+    return bp, triton.next_power_of_2(P - bp)
+
+
+def whole_head_default(cfg) -> bool:
+    """Whether a non-flush step covers each head in one program (``whole_head``) by default:
+    for steps reading an fp8 / NVFP4 copy, which are bound by instruction issue, so padding
+    rows and a second program per head cost time (H200, batch 256, reports/kernels)."""
+    return cfg.L > 1 and reads_narrow_copy(cfg)
 
 
 def reads_narrow_copy(cfg) -> bool:
