@@ -423,12 +423,16 @@ def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
     """(value rows, warps) per program of the conventional / non-flush step, measured on the
     H200 at batch 256 (reports/kernels): conventional 32 rows / 8 warps, 8 / 2 with fp16 SR
     (Qwen3.5-122B 624 -> 588 us, ``tune_r14_small_tiles.log``); non-flush 32 rows / 2 warps
-    (Qwen3.5-4B 170 -> 166 us, same log), 64 rows / 1 warp reading an fp8 or NVFP4 copy
-    (NVFP4 on Qwen3.5-4B 168 -> 69 us, ``tune_r11_nvfp4.log``)."""
+    (Qwen3.5-4B 170 -> 166 us, same log), 64 rows / 1 warp reading an NVFP4 copy (NVFP4 on
+    Qwen3.5-4B 168 -> 69 us, ``tune_r11_nvfp4.log``), 32 rows / 1 warp reading an fp8 one: at
+    64 rows its two row products take 255 registers and spill (fp8-read/fp32 on Qwen3.5-4B
+    93.1 -> 90.3 us, 122B 167.4 -> 165.2 us, ``tune_r60_gdn_fp8_nonflush.log``)."""
     vp = triton.next_power_of_2(V)
     if cfg.L == 1:
         return (min(vp, 8), 2) if cfg.uses_sr and cfg.ckpt.name == "fp16" else (min(vp, 32), 8)
-    return (min(vp, 64), 1) if reads_narrow_copy(cfg) else (min(vp, 32), 2)
+    if reads_narrow_copy(cfg):
+        return (min(vp, 32 if (cfg.read or cfg.ckpt).name.startswith("fp8") else 64), 1)
+    return (min(vp, 32), 2)
 
 
 def _check(cache: ReplayCache, q, k, v, g, beta, slots):
