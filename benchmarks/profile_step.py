@@ -3,6 +3,17 @@ and a non-flush step), from torch.profiler over 10 eager steps. CUDA only.
 
     python benchmarks/profile_step.py
     python benchmarks/profile_step.py --cases qwen3.5-122b-a10b:nvfp4-read/fp32 --batch 1
+
+With ``--plain MODE`` it only runs five eager steps of each case (MODE ``flush``: every row
+flushing, ``nonflush``: none, ``step``: a conventional preset's step), for a profiler that
+picks kernels itself, e.g. Nsight Compute (reports/kernels/ncu_profiles.txt):
+
+    ncu --clock-control none -k regex:_mamba2_nonflush --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section ComputeWorkloadAnalysis \
+        python3 benchmarks/profile_step.py --plain nonflush --batch 256 \
+        --cases nemotron-3-super-120b:nvfp4-read/fp16-sr
+    python3 tools/ncu_summary.py ncu.txt
 """
 
 from __future__ import annotations
@@ -19,10 +30,28 @@ CASES = ["qwen3.5-122b-a10b:nvfp4-read/fp32", "qwen3.5-122b-a10b:replay-fp32",
          "nemotron-3-super-120b:nvfp4-read/fp16-sr", "nemotron-3-super-120b:replay-fp32"]
 
 
+def plain_steps(shape, batch: int, cfg, mode: str) -> None:
+    """Five eager decode steps of one kind, nothing timed."""
+    import torch
+    from decode import Workload
+
+    if (mode == "step") != (cfg.L == 1):
+        raise SystemExit(f"--plain {mode} needs a {'conventional' if mode == 'step' else 'ReplaySSM'} "
+                         f"preset")
+    w = Workload(shape, batch, cfg, steps=max(cfg.L, 2))
+    if mode != "step":
+        w.cache.cursor.fill_(cfg.L - 1 if mode == "flush" else 0)
+    for _ in range(5):
+        w.step(0, advance=mode == "step")
+    torch.cuda.synchronize()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="*", default=CASES, help="shape:preset pairs")
     ap.add_argument("--batch", nargs="*", type=int, default=[1, 256])
+    ap.add_argument("--plain", choices=["flush", "nonflush", "step"], default=None,
+                    help="only run five eager steps of this kind per case (for ncu)")
     args = ap.parse_args(argv)
     import torch
     from decode import Workload
@@ -34,6 +63,9 @@ def main(argv=None) -> int:
         for case in args.cases:
             s, name = case.split(":", 1)
             cfg = PRESETS[name]
+            if args.plain:
+                plain_steps(SHAPES[s], batch, cfg, args.plain)
+                continue
             if cfg.L == 1:
                 raise SystemExit(f"{name} is conventional: it has no flush step to profile")
             w = Workload(SHAPES[s], batch, cfg, steps=cfg.L)
