@@ -472,7 +472,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
-    ``fuse_advance=False``; ``fuse_prep`` as for Mamba-2)."""
+    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg`` and ``flush_maxnreg`` as for
+    Mamba-2)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
