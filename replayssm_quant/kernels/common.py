@@ -538,7 +538,14 @@ def pow2_prescale(v_ptr, N: tl.constexpr):
     and ``2^126 / s``. Products of ``v * s`` with E2M1 values times 2^-126 then stay normal
     floats down to 2^-67 of the largest product, so the dot product is the fp32 one up to
     reduction order, without a multiply per decoded element."""
-    m = tl.max(tl.abs(tl.load(v_ptr + tl.arange(0, N)).to(tl.float32)), 0)
+    return pow2_prescale_of(tl.load(v_ptr + tl.arange(0, N)).to(tl.float32))
+
+
+@triton.jit
+def pow2_prescale_of(v):
+    """``pow2_prescale`` of a loaded vector (the ring-products launch forms it once per row
+    and group / key head, so the non-flush programs of every head read two floats)."""
+    m = tl.max(tl.abs(v), 0)
     e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF
     se = tl.minimum(tl.maximum(318 - e, 127), 252)
     return (se << 23).to(tl.float32, bitcast=True), ((380 - se) << 23).to(tl.float32, bitcast=True)
@@ -553,13 +560,15 @@ def e2m1_lut_value(code, lut_ptr):
 @triton.jit
 def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_ptr,
              FMT: tl.constexpr, BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,
-             LUT: tl.constexpr):
+             LUT: tl.constexpr, scales_ptr=None, PRESCALED: tl.constexpr = False):
     """(S @ va, S @ vb) for BR stored state rows (``vb`` only when TWO), fp32 throughout.
 
     NVFP4 rows are never dequantized as a tile: the per-16 block scale multiplies each
     block's partial dot product, and the row scale the row's. By default the codes come from
     int32 words as value * 2^-126 (``e2m1_word_scaled``) against a vector prescaled by a power
-    of two (``pow2_prescale``); LUT reads each nibble's value from a 16-entry table instead."""
+    of two (``pow2_prescale``); LUT reads each nibble's value from a 16-entry table instead.
+    With PRESCALED the prescales come from ``scales_ptr`` (``s_a, c_a[, s_b, c_b]``, formed by
+    the ring-products launch) instead of a reduction over each vector here."""
     if FMT == 4:
         NB: tl.constexpr = N // 16
         blk = tl.arange(0, NB)
@@ -586,11 +595,19 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
             wi = tl.arange(0, WN)
             w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
                         mask=mask_r[:, None], other=0)
-            sa, ca = pow2_prescale(va_ptr, N)
+            if PRESCALED:
+                sa = tl.load(scales_ptr)
+                ca = tl.load(scales_ptr + 1)
+            else:
+                sa, ca = pow2_prescale(va_ptr, N)
             aa = tl.zeros((BR, WN), dtype=tl.float32)
             ab = tl.zeros((BR, WN), dtype=tl.float32)
             if TWO:
-                sb, cb = pow2_prescale(vb_ptr, N)
+                if PRESCALED:
+                    sb = tl.load(scales_ptr + 2)
+                    cb = tl.load(scales_ptr + 3)
+                else:
+                    sb, cb = pow2_prescale(vb_ptr, N)
             for i in tl.static_range(8):
                 v = e2m1_word_scaled(w, i)
                 aa += v * (tl.load(va_ptr + 8 * wi + i).to(tl.float32) * sa)[None, :]

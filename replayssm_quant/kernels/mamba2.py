@@ -25,6 +25,7 @@ from .common import (
     load_rows,
     log_decay_suffixes,
     lut_table,
+    pow2_prescale_of,
     register_cap,
     row_head_tile,
     row_scales,
@@ -135,9 +136,10 @@ def _mamba2_prep_kernel(
     G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     RB: tl.constexpr,
 ):
-    """Per (row, group), once per step: ``B_j . C`` for the buffered records and ``B . C``
-    for the current token (every head of the group reads them: LB + 1 floats instead of the
-    LB x N records); program (0, 0) also builds the flush list."""
+    """Per (row, group), once per step: ``B_j . C`` for the buffered records, ``B . C`` for the
+    current token and C's NVFP4-decode prescales (``pow2_prescale``): every head of the group
+    reads these ``LB + 3`` floats (``bc_stride``) instead of the LB x N records and a
+    reduction over C; program (0, 0) also builds the flush list."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     if (b == 0) & (g == 0):
@@ -151,23 +153,27 @@ def _mamba2_prep_kernel(
         Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
         Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
                      mask=(j < c)[:, None], other=0.0).to(tl.float32)
-        out = bc_ptr + (b * G + g) * (LB + 1)
+        out = bc_ptr + (b * G + g) * (LB + 3)
         tl.store(out + j, tl.sum(Br * Cv[None, :], axis=1))
         tl.store(out + LB, tl.sum(Bv * Cv, axis=0))
+        sc, cc = pow2_prescale_of(Cv)
+        tl.store(out + LB + 1, sc)
+        tl.store(out + LB + 2, cc)
 
 
 @triton.jit
 def _nonflush_rows(p, mp, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
                    x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
-                   s_srcbs, xr_ptr, s_xr, lut_ptr,
+                   s_srcbs, xr_ptr, s_xr, lut_ptr, scales_ptr,
                    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                    CAP: tl.constexpr, SRC_FMT: tl.constexpr, HAS_D: tl.constexpr,
-                   BP: tl.constexpr, LUT: tl.constexpr):
+                   BP: tl.constexpr, LUT: tl.constexpr, PRESCALED: tl.constexpr):
     """The non-flush output of head-dim rows ``p`` (BP of them, ``mp`` valid): y from the read
     source and the ring, then this token's x appended to the ring."""
     sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                      src_bs_ptr + slot * s_srcbs, h * P + p, mp,
-                     C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT)
+                     C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT,
+                     scales_ptr, PRESCALED)
     x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
     xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                  mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
@@ -220,20 +226,21 @@ def _mamba2_nonflush_kernel(
                 bc = tl.sum(Brj * Cv[None, :], axis=1)
                 bcc = tl.sum(tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32) * Cv, axis=0)
             else:
-                bc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + j, mask=mj, other=0.0)
-                bcc = tl.load(bc_ptr + (b * G + g) * (LB + 1) + LB)
+                bc = tl.load(bc_ptr + (b * G + g) * (LB + 3) + j, mask=mj, other=0.0)
+                bcc = tl.load(bc_ptr + (b * G + g) * (LB + 3) + LB)
             decay = tl.exp(A * total)
             p = pt * BP + tl.arange(0, BP)
+            scales = bc_ptr + (b * G + g) * (LB + 3) + LB + 1  # read only without FUSED_PREP
             _nonflush_rows(p, p < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
                            x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
-                           s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, H, P, N, G, CAP, SRC_FMT,
-                           HAS_D, BP, LUT)
+                           s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, scales, H, P, N, G, CAP,
+                           SRC_FMT, HAS_D, BP, LUT, not FUSED_PREP)
             if BP2 > 0:
                 p2 = BP + tl.arange(0, BP2)
                 _nonflush_rows(p2, p2 < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
                                x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr,
-                               s_src, s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, H, P, N, G, CAP,
-                               SRC_FMT, HAS_D, BP2, LUT)
+                               s_src, s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, scales, H, P, N,
+                               G, CAP, SRC_FMT, HAS_D, BP2, LUT, not FUSED_PREP)
             if pt == 0:
                 tl.store(dtr_ptr + slot * s_dtr + h * CAP + c, dt)
                 if h % HPG == 0:
@@ -438,7 +445,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     rd = _state_args(cache.read, slots)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     LB = max(16, triton.next_power_of_2(cache.capacity))
-    bc = torch.empty(Bsz, G, LB + 1, device=x.device, dtype=torch.float32)
+    bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
     work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
     fp = fused_prep_default(Bsz) if fuse_prep is None else fuse_prep
     if not fp:
