@@ -402,22 +402,31 @@ def main() -> int:
             sb = step_bytes(cfg, shape)
             for kw in _variants(shape.kind, cfg, args):
                 t0 = time.time()
-                if any(k.startswith("flush") for k in kw):
-                    t = measure_flush(shape, args.batch, cfg, args.reps, device=DEV, **kw)
-                    frf = sb.flush * args.batch / (t * 1e-6) / bw
-                    print(f"{sname:22s} {cname:20s} {kw} flush {t:8.1f}us ({frf:.2f}) "
-                          f"[{time.time() - t0:.1f}s]", flush=True)
-                    continue
-                m = measure(shape, args.batch, cfg, args.reps, device=DEV, **kw)
-                fr = sb.window_average * args.batch / (m["window_us"] * 1e-6) / bw
-                frn = sb.nonflush * args.batch / (m["nonflush_us"] * 1e-6) / bw
-                frf = sb.flush * args.batch / (m["flush_us"] * 1e-6) / bw
-                print(f"{sname:22s} {cname:20s} {kw} win {m['window_us']:8.1f}us ({fr:.2f}) "
-                      f"nf {m['nonflush_us']:8.1f} ({frn:.2f}) fl {m['flush_us']:8.1f} "
-                      f"({frf:.2f}) [{time.time() - t0:.1f}s]", flush=True)
+                try:
+                    _measure_variant(sname, cname, kw, args, sb, bw, t0)
+                except (RuntimeError, ValueError) as e:  # e.g. triton's OutOfResources
+                    print(f"{sname:22s} {cname:20s} {kw} failed: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120]}", flush=True)
     register_report()
     return 0
 
+
+def _measure_variant(sname: str, cname: str, kw: dict, args, sb, bw: float, t0: float) -> None:
+    """Time one launch-knob variant and print its line (the flush alone, or the window)."""
+    shape, cfg = SHAPES[sname], PRESETS[cname]
+    if any(k.startswith("flush") for k in kw):
+        t = measure_flush(shape, args.batch, cfg, args.reps, device=DEV, **kw)
+        frf = sb.flush * args.batch / (t * 1e-6) / bw
+        print(f"{sname:22s} {cname:20s} {kw} flush {t:8.1f}us ({frf:.2f}) "
+              f"[{time.time() - t0:.1f}s]", flush=True)
+        return
+    m = measure(shape, args.batch, cfg, args.reps, device=DEV, **kw)
+    fr = sb.window_average * args.batch / (m["window_us"] * 1e-6) / bw
+    frn = sb.nonflush * args.batch / (m["nonflush_us"] * 1e-6) / bw
+    frf = sb.flush * args.batch / (m["flush_us"] * 1e-6) / bw
+    print(f"{sname:22s} {cname:20s} {kw} win {m['window_us']:8.1f}us ({fr:.2f}) "
+          f"nf {m['nonflush_us']:8.1f} ({frn:.2f}) fl {m['flush_us']:8.1f} "
+          f"({frf:.2f}) [{time.time() - t0:.1f}s]", flush=True)
 
 if __name__ == "__main__":
     raise SystemExit(main())

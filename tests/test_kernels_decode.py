@@ -17,7 +17,7 @@ from replayssm_quant import formats as F
 from replayssm_quant.kernels.cache import cache_from_reference
 from replayssm_quant.kernels.gdn import gdn_decode_step
 from replayssm_quant.kernels.mamba2 import advance_rows, flush_list, mamba2_decode_step
-from replayssm_quant.precision import PRESETS
+from replayssm_quant.precision import PRESETS, parse_config
 from replayssm_quant.ssm import gdn, mamba2
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
 
@@ -356,14 +356,16 @@ def test_launch_defaults_follow_the_measured_table():
     from replayssm_quant.kernels.gdn import gdn_flush_knobs, gdn_step_knobs
     from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, mamba2_step_knobs
 
-    assert mamba2_step_knobs(PRESETS["replay-fp32"], 64, 128) == (64, 2)
+    assert mamba2_step_knobs(PRESETS["replay-fp32"], 64, 128) == (64, 1)
     assert mamba2_step_knobs(PRESETS["replay-fp32"], 80, 128) == (32, 1)
-    assert mamba2_step_knobs(PRESETS["fp32"], 64, 128) == (64, 4)
+    assert mamba2_step_knobs(PRESETS["fp32"], 64, 128) == (16, 1)
+    assert mamba2_step_knobs(PRESETS["fp32"], 8, 16) == (8, 1)
     assert mamba2_step_knobs(PRESETS["fp16-sr"], 64, 128) == (8, 2)
-    assert gdn_step_knobs(PRESETS["fp32"], 128) == (32, 8)
+    assert mamba2_step_knobs(parse_config("ckpt=bf16,L=1"), 64, 128) == (64, 4)
+    assert gdn_step_knobs(PRESETS["fp32"], 128) == (16, 1)
     assert gdn_step_knobs(PRESETS["fp16-sr"], 128) == (8, 2)
     assert gdn_step_knobs(PRESETS["bf16-sr"], 128) == (32, 8)
-    assert gdn_step_knobs(PRESETS["replay-fp32"], 128) == (32, 2)
+    assert gdn_step_knobs(PRESETS["replay-fp32"], 128) == (32, 1)
     for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8", "shared-nvfp4",
                  "fp8-read/fp32"):
         assert mamba2_step_knobs(PRESETS[name], 64, 128) == (64, 1), name
@@ -463,13 +465,14 @@ def test_resident_table_names_each_sized_kernel():
 
 
 def test_grid_order_defaults_follow_the_measured_table():
-    """tune_r27_grid_order.log: conventional steps and multi-tile Mamba-2 heads tile-first."""
+    """tune_r27_grid_order.log, tune_r66_fp32_tiles.log: conventional steps, multi-tile Mamba-2
+    heads and non-flush steps reading the state itself tile-first; narrow reads row-first."""
     from replayssm_quant.kernels.gdn import gdn_tile_first
     from replayssm_quant.kernels.mamba2 import mamba2_tile_first
 
     assert mamba2_tile_first(0, 64, 64) and mamba2_tile_first(17, 80, 32)
-    assert not mamba2_tile_first(17, 64, 64)
-    assert gdn_tile_first(0) and not gdn_tile_first(17)
+    assert not mamba2_tile_first(17, 64, 64) and mamba2_tile_first(17, 64, 64, narrow=False)
+    assert gdn_tile_first(0) and not gdn_tile_first(17) and gdn_tile_first(17, narrow=False)
 
 
 def test_small_grid_rows_only_shrink_small_narrow_grids():

@@ -190,7 +190,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
                       HAS_D=True, BP=block, LUT=False,
-                      TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block), FUSED_PREP=False,
+                      TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
+                      FUSED_PREP=False,
                       BP2=0)
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step

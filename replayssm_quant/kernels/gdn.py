@@ -386,12 +386,14 @@ def _check_ut_tile(ut: bool, precision: str, rows: int, warps: int) -> None:
             "flush_block_v=32 or flush_precision='ieee'")
 
 
-def gdn_tile_first(capacity: int) -> bool:
+def gdn_tile_first(capacity: int, narrow: bool = True) -> bool:
     """Default grid order (``tile_first``) of the GDN conventional / non-flush step, measured on
-    the H200 at batch 256 (reports/kernels/tune_r27_grid_order.log): (tiles, heads, rows) for
-    the conventional step (Qwen3.5-122B 627 -> 584 us, 4B 291.5 -> 285.5 us), (rows, heads,
-    tiles) for the non-flush step (tile-first 166 -> 171 us on 4B, 313 -> 332 us on 122B)."""
-    return capacity == 0
+    the H200 at batch 256: (tiles, heads, rows) for the conventional step (Qwen3.5-122B 627 ->
+    584 us, 4B 291.5 -> 285.5 us, reports/kernels/tune_r27_grid_order.log) and for the
+    one-warp non-flush step that reads the state itself rather than an fp8 / NVFP4 copy
+    (``narrow``; 4B 165.3 -> 158.5 us, 122B 308.1 -> 295.0 us, ``tune_r66/r67_fp32_tiles.log``);
+    (rows, heads, tiles) for the narrow reads."""
+    return capacity == 0 or not narrow
 
 
 def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
@@ -422,17 +424,21 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
     """(value rows, warps) per program of the conventional / non-flush step, measured on the
     H200 at batch 256 (reports/kernels): conventional 32 rows / 8 warps, 8 / 2 with fp16 SR
-    (Qwen3.5-122B 624 -> 588 us, ``tune_r14_small_tiles.log``); non-flush 32 rows / 2 warps
-    (Qwen3.5-4B 170 -> 166 us, same log), 64 rows / 1 warp reading an NVFP4 copy (NVFP4 on
+    (Qwen3.5-122B 624 -> 588 us, ``tune_r14_small_tiles.log``), 16 / 1 for an fp32 state
+    (4B 281 -> 269 us, 122B 582 -> 555-580 us, ``tune_r66/r67_fp32_tiles.log``); non-flush
+    32 rows / 1 warp (tile-first: 4B 171.8 -> 158.5 us, 122B 325.0 -> 295.0 us against 2 warps,
+    same logs), 64 rows / 1 warp reading an NVFP4 copy (NVFP4 on
     Qwen3.5-4B 168 -> 69 us, ``tune_r11_nvfp4.log``), 32 rows / 1 warp reading an fp8 one: at
     64 rows its two row products take 255 registers and spill (fp8-read/fp32 on Qwen3.5-4B
     93.1 -> 90.3 us, 122B 167.4 -> 165.2 us, ``tune_r60_gdn_fp8_nonflush.log``)."""
     vp = triton.next_power_of_2(V)
     if cfg.L == 1:
-        return (min(vp, 8), 2) if cfg.uses_sr and cfg.ckpt.name == "fp16" else (min(vp, 32), 8)
+        if cfg.uses_sr and cfg.ckpt.name == "fp16":
+            return min(vp, 8), 2
+        return (min(vp, 16), 1) if cfg.ckpt.name == "fp32" else (min(vp, 32), 8)
     if reads_narrow_copy(cfg):
         return (min(vp, 32 if (cfg.read or cfg.ckpt).name.startswith("fp8") else 64), 1)
-    return (min(vp, 32), 2)
+    return min(vp, 32), 1
 
 
 def _check(cache: ReplayCache, q, k, v, g, beta, slots):
@@ -484,7 +490,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     kb, kw = gdn_step_knobs(cfg, V)
     BV = block_v or small_grid_rows(cfg, kb, V, HV, Bsz)
     num_warps = num_warps or kw
-    tf = gdn_tile_first(cache.capacity) if tile_first is None else tile_first
+    tf = gdn_tile_first(cache.capacity, reads_narrow_copy(cfg)) if tile_first is None else tile_first
     grid = step_grid(Bsz, HV, triton.cdiv(V, BV), tf)
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:

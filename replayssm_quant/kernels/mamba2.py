@@ -428,7 +428,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         BP, BP2 = split
     tiles = 1 if BP2 else triton.cdiv(P, BP)
     if tile_first is None:  # a whole-head grid has one tile per head: nothing to order
-        tile_first = not BP2 and mamba2_tile_first(cache.capacity, P, BP)
+        tile_first = not BP2 and mamba2_tile_first(cache.capacity, P, BP, reads_narrow_copy(cfg))
     tf = tile_first
     grid = step_grid(Bsz, H, tiles, tf)
     d = D if D is not None else A
@@ -478,15 +478,16 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     return y
 
 
-def mamba2_tile_first(capacity: int, P: int, block_p: int) -> bool:
+def mamba2_tile_first(capacity: int, P: int, block_p: int, narrow: bool = True) -> bool:
     """Default grid order of the conventional / non-flush step (``tile_first``,
     ``common.row_head_tile``), measured on the H200 at batch 256
     (reports/kernels/tune_r27_grid_order.log): (tiles, heads, rows) for the conventional
     step, whose programs then read and write one slot's state in order (Nemotron-3-Super
-    626 -> 590 us, Nano-4B 600 -> 560 us), and for non-flush steps whose heads take more than
-    one tile (Nano-4B's 80 rows: 283 -> 264 us); (rows, heads, tiles) otherwise (Super's
-    one-tile heads: 279 vs 282 us)."""
-    return capacity == 0 or triton.cdiv(P, block_p) > 1
+    626 -> 590 us, Nano-4B 600 -> 560 us), for non-flush steps whose heads take more than
+    one tile (Nano-4B's 80 rows: 283 -> 264 us) and for non-flush steps that read the state
+    itself rather than an fp8 / NVFP4 copy (``narrow``; Super's one-warp 64-row tiles 289 ->
+    283 us, ``tune_r65/r66_fp32_tiles.log``); (rows, heads, tiles) otherwise."""
+    return capacity == 0 or triton.cdiv(P, block_p) > 1 or not narrow
 
 
 def flush_stages_for(cfg) -> int | None:
@@ -536,12 +537,17 @@ def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
       on Nemotron-3-Super 795 -> 596 us, bf16-SR 562 -> 424 us, ``tune_r14_small_tiles.log``);
     * non-flush step reading an fp8 / NVFP4 copy: one warp per tile, which is bound by
       instruction issue, not bytes (NVFP4 on Super 175 -> 84 us, ``tune_r11_nvfp4.log``);
-    * otherwise ``_block_p`` rows, and for the non-flush step one warp per 32 rows
-      (Nemotron-3-Nano-4B 300 -> 280 us, ``tune_r14_small_tiles.log``)."""
+    * conventional step of an fp32 state: 16 rows, one warp (Nemotron-3-Nano-4B 557 -> 543 us,
+      Super 588 -> 575 us against ``_block_p`` rows and 4 warps, ``tune_r66/r67_fp32_tiles.log``);
+    * otherwise ``_block_p`` rows and one warp: the non-flush step with one warp per 32 rows
+      ran Nemotron-3-Nano-4B 300 -> 280 us (``tune_r14_small_tiles.log``), and with one warp
+      on Super's 64-row tiles, tile-first, 289 -> 283 us (``tune_r65/r66_fp32_tiles.log``)."""
     bp = _block_p(P, N)
     if cfg.L == 1:
-        return (min(8, triton.next_power_of_2(P)), 2) if cfg.uses_sr else (bp, 4)
-    return (bp, 1) if reads_narrow_copy(cfg) else (bp, max(1, bp // 32))
+        if cfg.uses_sr:
+            return min(8, triton.next_power_of_2(P)), 2
+        return (min(16, triton.next_power_of_2(P)), 1) if cfg.ckpt.name == "fp32" else (bp, 4)
+    return bp, 1
 
 
 SMALL_GRID_PROGRAMS = 512
