@@ -26,6 +26,7 @@ if SMOKE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
+from triton.errors import TritonError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -404,7 +405,7 @@ def main() -> int:
                 t0 = time.time()
                 try:
                     _measure_variant(sname, cname, kw, args, sb, bw, t0)
-                except (RuntimeError, ValueError) as e:  # e.g. triton's OutOfResources
+                except (RuntimeError, ValueError, TritonError) as e:  # e.g. OutOfResources
                     print(f"{sname:22s} {cname:20s} {kw} failed: {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120]}", flush=True)
     register_report()
