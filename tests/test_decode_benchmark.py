@@ -64,3 +64,25 @@ def test_time_variants_jobs_files(tmp_path):
     tmp.write_text(json.dumps(rows))
     with pytest.raises(SystemExit, match="job 0 must be"):
         mod.load_jobs(str(tmp))
+
+
+def test_process_state_probe_on_tiny_shapes(monkeypatch):
+    """benchmarks/probe_process_state.py times both steps of every probed shape at all four
+    points (CPU dry run on tiny shapes: reference steps, plain timing)."""
+
+    from replayssm_quant.precision import ModelShape
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("probe_state",
+                                                  ROOT / "benchmarks" / "probe_process_state.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tiny = {"tiny-gdn": ModelShape("tiny-gdn", "gdn", 2, 32, 32, 1),
+            "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 32, 32, 1)}
+    monkeypatch.setattr(mod, "SHAPES", tiny)
+    monkeypatch.setattr(mod, "CHURN_CONFIGS", ("fp32",))
+    out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=2, reps=1, device="cpu")
+    assert [p for p, _ in out] == ["fresh", "after tiny-m2", "after empty_cache", "again"]
+    for _, t in out:
+        conv, window = t["tiny-gdn"]
+        assert conv > 0 and window > 0

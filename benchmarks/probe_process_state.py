@@ -1,0 +1,68 @@
+"""Does a step's time depend on what the process ran and allocated before it?
+
+Times the conventional FP32 step and the ReplaySSM FP32 window of some shapes at one batch
+(``decode.measure``, CUDA graphs) four times in one process: first, after other shapes'
+workloads, after ``torch.cuda.empty_cache()``, and once more. A number that moves between
+these points depends on the process's state rather than on the kernel.
+
+    python3 benchmarks/probe_process_state.py                  # reports/kernels/probe_r72_conv_alloc.log
+    python3 benchmarks/probe_process_state.py --shapes qwen3.5-4b --churn nemotron-3-super-120b
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode import measure  # noqa: E402
+
+from replayssm_quant.precision import PRESETS, SHAPES  # noqa: E402
+
+CHURN_CONFIGS = ("fp32", "replay-fp32", "nvfp4-read/fp16-sr", "shared-fp8")
+
+
+def probe(shapes: list[str], churn: list[str], batch: int, reps: int,
+          device: str = "cuda") -> list[tuple[str, dict]]:
+    """(point, {shape: (conventional us, ReplaySSM FP32 window us)}) at the four points."""
+    def times() -> dict:
+        return {s: tuple(round(measure(SHAPES[s], batch, PRESETS[c], reps, device=device)
+                               ["window_us"], 1) for c in ("fp32", "replay-fp32"))
+                for s in shapes}
+
+    out = [("fresh", times())]
+    for s in churn:
+        for c in CHURN_CONFIGS:
+            measure(SHAPES[s], batch, PRESETS[c], reps, device=device)
+    out.append(("after " + " ".join(churn), times()))
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    out.append(("after empty_cache", times()))
+    out.append(("again", times()))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["qwen3.5-4b", "qwen3.5-122b-a10b"],
+                    choices=list(SHAPES))
+    ap.add_argument("--churn", nargs="*", default=["nemotron-3-nano-4b", "nemotron-3-super-120b"],
+                    choices=list(SHAPES), help="shapes whose workloads run in between")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=10)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("probe_process_state times CUDA graphs: it needs a GPU")
+    for point, t in probe(a.shapes, a.churn, a.batch, a.reps):
+        print(point, t, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
