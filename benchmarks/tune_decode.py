@@ -54,8 +54,9 @@ DEV = "cpu" if SMOKE else "cuda"
 
 
 # ------------------------------------------------------------------------------ correctness
-def check_fp32(shape, cfg, steps: int = 40, batch: int = 4) -> float:
-    """Relative error of the kernel against a float64 conventional recurrence."""
+def check_fp32(shape, cfg, steps: int = 40, batch: int = 4, **step_kw) -> float:
+    """Relative error of the kernel against a float64 conventional recurrence (bf16
+    activations; ``step_kw`` go to the decode step)."""
     w = Workload(shape, batch, cfg, steps=steps, device=DEV)
     c = w.cache
     S = c.ckpt.data.double()
@@ -63,7 +64,7 @@ def check_fp32(shape, cfg, steps: int = 40, batch: int = 4) -> float:
     ys, refs = [], []
     for i in range(steps):
         a = w.inputs[i]
-        ys.append(w.step(i).double())
+        ys.append(w.step(i, **step_kw).double())
         if shape.kind == "mamba2":
             hg = torch.arange(H, device=DEV) // (H // G)
             Bh, Ch = a["Bm"][:, hg].double(), a["C"][:, hg].double()
@@ -90,10 +91,12 @@ def _differ(a, b) -> float:
 
 
 def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int = 0,
-                 **step_kw) -> dict:
+                 act: torch.dtype = torch.bfloat16, **step_kw) -> dict:
     """Kernel vs reference step by step from the same state (cursors staggered so rows flush
     on different steps): worst output relative error and worst fraction of checkpoint / read
-    copy elements that differ. ``step_kw`` go to the decode step (e.g. ``flush_fold``)."""
+    copy elements that differ. Activations (and the ring) in ``act``, bf16 as the paper
+    models run (the flush's default products then take the exact bf16 split); ``step_kw`` go
+    to the decode step (e.g. ``flush_fold``)."""
     from replayssm_quant.kernels.gdn import gdn_decode_step
     from replayssm_quant.kernels.mamba2 import mamba2_decode_step
 
@@ -103,15 +106,18 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
     nslots = batch + 1
     slots = torch.arange(1, batch + 1, dtype=torch.int32, device=DEV)
     if shape.kind == "mamba2":
-        ref = mamba2.init_mamba2_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV)
+        ref = mamba2.init_mamba2_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV,
+                                       act_dtype=act)
         inp = mamba2_inputs(batch, steps + 2, H, P, N, G, generator=g, device=DEV)
         mamba2.load_state(ref, torch.arange(nslots, device=DEV),
                           0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV))
     else:
-        ref = gdn.init_gdn_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV)
+        ref = gdn.init_gdn_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV,
+                                 act_dtype=act)
         inp = gdn_inputs(batch, steps + 2, H, P, N, G, generator=g, device=DEV)
         gdn.load_state(ref, torch.arange(nslots, device=DEV),
                        0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV))
+    inp.update({k: inp[k].to(act).float() for k in ("x", "Bm", "C", "q", "k", "v") if k in inp})
 
     def args(t):
         return {k: (v[:, t].contiguous() if isinstance(v, torch.Tensor) and v.dim() > 1 else v)
@@ -211,11 +217,11 @@ def _variants(kind: str, cfg, args) -> list[dict]:
     out = [{mk: b, "num_warps": w, **({"tile_first": True} if o == "tile" else {})}
            for b, w, o in itertools.product(args.blocks, args.warps, args.orders)]
     if cfg.L > 1:
-        if cfg.read is not None and cfg.read.name == "nvfp4":
+        if cfg.read is not None and cfg.read.name == "nvfp4" and args.blocks:
             out.append({mk: args.blocks[0], "num_warps": args.warps[0], "lut": True})
         out += [{fk: b, "flush_warps": w, "flush_per_sm": s or None, "flush_fold": f,
                  **({"flush_stages": st} if st else {}),
-                 **({"flush_precision": fp} if fp != "ieee" else {})}
+                 **({"flush_precision": fp} if fp != "default" else {})}
                 for f, b, w, s, st, fp in itertools.product(args.folds, args.fblocks, args.fwarps,
                                                             args.per_sm, args.fstages, args.fprecs)]
     return out
@@ -227,6 +233,7 @@ def _check_kw(args) -> dict:
     if args.check_flush_precision:
         kw["flush_precision"] = args.check_flush_precision
     return kw
+
 
 
 def register_report() -> None:
@@ -323,8 +330,10 @@ def main() -> int:
     ap.add_argument("--orders", nargs="*", default=["row"], choices=["row", "tile"],
                     help="grid orders of the conventional / non-flush launches to sweep "
                          "(row: (rows, heads, tiles); tile: (tiles, heads, rows))")
-    ap.add_argument("--fprecs", nargs="*", default=["ieee"], choices=list(km.FOLD_PRECISIONS),
-                    help="flush_precision values to sweep")
+    ap.add_argument("--fprecs", nargs="*", default=["default"],
+                    choices=["default", *km.FOLD_PRECISIONS],
+                    help="flush_precision values to sweep (default: the library's choice, "
+                         "default_fold_precision)")
     ap.add_argument("--check-flush-precision", choices=list(km.FOLD_PRECISIONS), default=None,
                     help="run the preset checks with this flush_precision")
     ap.add_argument("--check-fold", choices=list(km.FLUSH_FOLDS), default=None,
@@ -376,7 +385,8 @@ def main() -> int:
     if args.check:
         for sname in args.check_shapes:
             for cname in () if args.spec_only else ("fp32", "replay-fp32"):
-                err = check_fp32(SHAPES[sname], PRESETS[cname], steps=40 if not SMOKE else 18)
+                err = check_fp32(SHAPES[sname], PRESETS[cname], steps=40 if not SMOKE else 18,
+                                 **_check_kw(args))
                 print(f"check64 {sname:22s} {cname:12s} rel err vs float64 {err:.2e}", flush=True)
             for cname in () if args.spec_only else args.check_configs:
                 t0 = time.time()

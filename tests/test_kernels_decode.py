@@ -73,16 +73,17 @@ def _stagger(kind, ref, inp) -> None:
             gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], sl)
 
 
-def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16, **kw):
+def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
+         act=torch.float32, **kw):
     g = torch.Generator().manual_seed(seed)
     if kind == "mamba2":
         H, P, N, G = 4, head_dim, 32, 2
-        ref = mamba2.init_mamba2_state(cfg, NSLOTS, H, P, N, G, seed=11, layer=3)
+        ref = mamba2.init_mamba2_state(cfg, NSLOTS, H, P, N, G, seed=11, layer=3, act_dtype=act)
         inp = mamba2_inputs(len(SLOTS), steps, H, P, N, G, generator=g)
         S0 = torch.randn(NSLOTS, H, P, N, generator=g) * 0.3
     else:
         HV, V, K, HK = 4, 16, 32, 2
-        ref = gdn.init_gdn_state(cfg, NSLOTS, HV, V, K, HK, seed=11, layer=3)
+        ref = gdn.init_gdn_state(cfg, NSLOTS, HV, V, K, HK, seed=11, layer=3, act_dtype=act)
         inp = gdn_inputs(len(SLOTS), steps, HV, V, K, HK, generator=g)
         S0 = torch.randn(NSLOTS, HV, V, K, generator=g) * 0.3
     mamba2.load_state(ref, torch.arange(NSLOTS), S0) if kind == "mamba2" else \
@@ -91,6 +92,9 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16, **
         _stagger(kind, ref, mamba2_inputs(len(SLOTS), 2, H, P, N, G, generator=g)
                  if kind == "mamba2" else gdn_inputs(len(SLOTS), 2, HV, V, K, HK, generator=g))
         assert len(set(ref.cursor[SLOTS[SLOTS >= 0].long()].tolist())) == 3
+    for key in ("x", "Bm", "C", "q", "k", "v"):  # bf16 activations: values the ring holds
+        if key in inp:
+            inp[key] = inp[key].to(act).float()
     if nan_at is not None:
         key = "x" if kind == "mamba2" else "v"
         inp[key][0, nan_at] = float("nan")
@@ -240,6 +244,35 @@ def test_dot_flush_fold_matches_reference(kind, name):
     _run(kind, cfg, stagger=True, flush_fold="dot")
     ref, ker = _run(kind, cfg, steps=4, nan_at=1, flush_fold="dot")
     assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr"])
+def test_bf16x3_flush_fold_matches_reference(kind, name):
+    """The dot fold on tensor cores with exact products (``flush_precision="bf16x3"``: the
+    fp32 operand as three bf16 pieces against the bf16 ring's B_j / k_j), with a bf16 ring,
+    rows flushing on different steps and a NaN input; an fp32 ring is refused."""
+    cfg = _small_L(PRESETS[name])
+    kw = dict(flush_fold="dot", flush_precision="bf16x3", act=torch.bfloat16)
+    _run(kind, cfg, stagger=True, **kw)
+    ref, ker = _run(kind, cfg, steps=4, nan_at=1, **kw)
+    assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+    with pytest.raises(ValueError, match="needs a bf16 ring"):
+        _run(kind, cfg, steps=cfg.L, flush_fold="dot", flush_precision="bf16x3")
+
+
+def test_default_fold_precision():
+    """Exact tensor-core products only where they are exact and measured faster: the dot fold
+    of an fp32 checkpoint without u recompute, 16+ row tiles, a bf16 ring."""
+    from replayssm_quant.kernels.mamba2 import default_fold_precision
+
+    fp32, bf16 = PRESETS["replay-fp32"], torch.bfloat16
+    assert default_fold_precision(fp32, False, 16, bf16) == "bf16x3"
+    assert default_fold_precision(fp32, True, 16, bf16) == "ieee"  # record fold
+    assert default_fold_precision(fp32, False, 8, bf16) == "ieee"  # below an MMA's rows
+    assert default_fold_precision(fp32, False, 16, torch.float16) == "ieee"
+    for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8"):
+        assert default_fold_precision(PRESETS[name], False, 16, bf16) == "ieee"
 
 
 def test_misaligned_nvfp4_state_is_refused():

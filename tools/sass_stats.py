@@ -70,9 +70,12 @@ def _verify_precision(precision: str, src_fmt: int) -> dict:
 
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
-           fold: str = "dot", precision: str = "bf16x3") -> tuple:
-    """(kernel, signature, constexprs) of a named target for one preset."""
+           fold: str = "dot", precision: str | None = None) -> tuple:
+    """(kernel, signature, constexprs) of a named target for one preset. ``precision``: the
+    verify products' dot_precision (default bf16x3) or the flush fold's (default ieee)."""
     cfg = PRESETS[preset]
+    fold_prec = precision or "ieee"
+    precision = precision or "bf16x3"
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
     act = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "seq_ptr": "*i64"}
     if name == "emulate-gdn-conv":
@@ -170,7 +173,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
-                      STAGES=km.flush_stages_for(cfg), FOLD_PREC="ieee", ADVANCE=True)
+                      STAGES=km.flush_stages_for(cfg), FOLD_PREC=fold_prec, ADVANCE=True)
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -233,7 +236,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
-                      RECORDS=fold == "records", STAGES=None, FOLD_PREC="ieee", ADVANCE=True)
+                      RECORDS=fold == "records", STAGES=None, FOLD_PREC=fold_prec, ADVANCE=True)
         return kg._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:
@@ -385,8 +388,9 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--chunk", type=int, default=32,
                     help="gdn-verify / mamba2-verify: state columns per product")
-    ap.add_argument("--precision", choices=["bf16x3", "tf32x3", "ieee"], default="bf16x3",
-                    help="verify targets: the products' dot_precision")
+    ap.add_argument("--precision", choices=["bf16x3", "tf32x3", "ieee"], default=None,
+                    help="verify targets: the products' dot_precision (default bf16x3); "
+                         "flush targets: the fold's flush_precision (default ieee)")
     ap.add_argument("--fold", choices=["dot", "records"], default="dot",
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")

@@ -42,6 +42,7 @@ from .mamba2 import (
     _state_args,
     advance_cursor,
     advance_rows,
+    default_fold_precision,
     flush_list,
     fold_precision,
     fused_prep_default,
@@ -305,7 +306,11 @@ def _gdn_flush_kernel(
         dec = tl.where(mj, tl.exp(after), 0.0)
         G = tl.exp(total)
         Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                     mask=mj[:, None], other=0.0).to(tl.float32)
+                     mask=mj[:, None], other=0.0)
+        SPLIT: tl.constexpr = FOLD_PREC == "bf16x3"  # k_j exact in bf16: exact products
+        # on tensor cores against the fp32 operand's three bf16 pieces
+        if not SPLIT:
+            Kr = Kr.to(tl.float32)
         kkt = tl.load(kd_ptr + (b * HK + hk) * (2 * LB + 1) + j, mask=mj, other=0.0)
         if RECORDS and RECOMPUTE:  # the window replayed from the checkpoint, oldest record
             # first: each record's u from the running state (u_j = beta_j (v_j - a_j S k_j)),
@@ -328,10 +333,13 @@ def _gdn_flush_kernel(
             br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
             Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
                           mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
-            SK = tl.dot(Sf, tl.trans(Kr), input_precision=FOLD_PREC)  # (BVF, LB): S_c k_j
+            if SPLIT:  # (BVF, LB): S_c k_j
+                SK = split_dot(Sf, tl.trans(Kr), tl.zeros((BVF, LB), dtype=tl.float32), 3)
+            else:
+                SK = tl.dot(Sf, tl.trans(Kr), input_precision=FOLD_PREC)
             X = br[None, :] * (Vrf - tl.exp(tl.cumsum(gr, 0))[None, :] * SK)
             TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
-            Uf = tl.dot(X, TI, input_precision=FOLD_PREC)
+            Uf = tl.dot(X, TI, input_precision="ieee" if SPLIT else FOLD_PREC)
         elif not RECORDS:
             Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
                          mask=mj[None, :] & mvf[:, None], other=0.0)
@@ -357,7 +365,11 @@ def _gdn_flush_kernel(
         elif not RECORDS:
             wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
             uf = beta * (vf - wf)
-            Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision=FOLD_PREC)
+            if SPLIT:
+                Sf = G * Sf + split_dot(Uf * dec[None, :], Kr,
+                                        tl.zeros((BVF, K), dtype=tl.float32), 3)
+            else:
+                Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision=FOLD_PREC)
         Sf = Sf + uf[:, None] * k[None, :]
         of = tl.sum(Sf * q[None, :], axis=1)
         tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
@@ -419,6 +431,15 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
     if not cfg.uses_sr:
         return "dot", 16 if cfg.ckpt.name == "fp32" else 8, 1
     return "dot", 32, _flush_warps(cfg)
+
+
+def gdn_flush_stages(precision: str, records: bool) -> int | None:
+    """Software-pipelining stages of the persistent GDN flush loop: 3 for the tensor-core
+    ``"bf16x3"`` dot fold (H200, batch 256, one-warp 16-row tiles: Qwen3.5-4B 416 -> 362 us,
+    122B 793 -> 709 us, ``reports/kernels/tune_r74_fp32_flush_stages.log``), whose loads then
+    overlap the previous tile's products; None (Triton's choice) otherwise, where 1-3 stages
+    moved the FMA fold by 2% or less."""
+    return 3 if precision == "bf16x3" and not records else None
 
 
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
@@ -512,7 +533,9 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
         BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
         FW = flush_warps or fwarps
-        _check_ut_tile(ut, fold_precision(flush_precision), BVF, FW)  # before any launch
+        fprec = fold_precision(flush_precision, kr.dtype,
+                               default_fold_precision(cfg, records, BVF, kr.dtype))
+        _check_ut_tile(ut, fprec, BVF, FW)  # before any launch
         ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
         # the UT transform needs its own launch; otherwise small batches fold it away
         fp = not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
@@ -521,7 +544,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                 q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
                 cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
                 CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
-                FOLD_PREC=fold_precision(flush_precision), num_warps=4)
+                FOLD_PREC="ieee" if fprec == "bf16x3" else fprec, num_warps=4)
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
@@ -535,8 +558,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            RECORDS=records, STAGES=flush_stages,
-            FOLD_PREC=fold_precision(flush_precision), ADVANCE=advance and fuse_advance,
+            RECORDS=records, STAGES=flush_stages or gdn_flush_stages(fprec, records),
+            FOLD_PREC=fprec, ADVANCE=advance and fuse_advance,
             num_warps=FW, **register_cap(flush_maxnreg))
         if advance and not fuse_advance:
             advance_cursor(cache, slots)

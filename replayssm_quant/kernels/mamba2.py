@@ -311,10 +311,15 @@ def _mamba2_flush_kernel(
         else:
             w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, L - 1, dt, A, CAP, LB)
             Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                         mask=mj[:, None], other=0.0).to(tl.float32)
+                         mask=mj[:, None], other=0.0)
             xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
                           mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
-            updf = tl.dot(tl.trans(xrf * w[:, None]), Br, input_precision=FOLD_PREC)
+            if FOLD_PREC == "bf16x3":  # B_j exact in bf16: exact products on tensor cores
+                updf = split_dot(tl.trans(xrf * w[:, None]), Br,
+                                 tl.zeros((BPF, N), dtype=tl.float32), 3)
+            else:
+                updf = tl.dot(tl.trans(xrf * w[:, None]), Br.to(tl.float32),
+                              input_precision=FOLD_PREC)
         Sf = tl.exp(A * total) * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
         yf = tl.sum(Sf * Cv[None, :], axis=1)
         if HAS_D:
@@ -463,6 +468,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     FW = flush_warps or fwarps
+    records = _records(flush_fold or fold)
     launch_persistent(
         _mamba2_flush_kernel, x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm,
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
@@ -471,7 +477,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
-        RECORDS=_records(flush_fold or fold), FOLD_PREC=fold_precision(flush_precision),
+        RECORDS=records, FOLD_PREC=fold_precision(
+            flush_precision, Br.dtype, default_fold_precision(cfg, records, BPF, Br.dtype)),
         ADVANCE=advance and fuse_advance, num_warps=FW, **register_cap(flush_maxnreg))
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
@@ -602,17 +609,40 @@ def mamba2_flush_knobs(cfg) -> tuple[str, int, int]:
 
 
 FLUSH_FOLDS = ("dot", "records")
-FOLD_PRECISIONS = ("ieee", "tf32x3")
+FOLD_PRECISIONS = ("ieee", "tf32x3", "bf16x3")
 
 
-def fold_precision(flush_precision: str | None) -> str:
+def fold_precision(flush_precision: str | None, ring_dtype: torch.dtype | None = None,
+                   default: str = "ieee") -> str:
     """``flush_precision``: the input precision of the flush's matrix products (the ``"dot"``
-    fold, GDN's u recompute): ``"ieee"`` (default, fp32 FMAs) or ``"tf32x3"`` (tensor cores,
-    each fp32 operand as a TF32 head and tail)."""
-    prec = flush_precision or "ieee"
+    fold, GDN's u recompute): ``"ieee"`` (fp32 FMAs), ``"tf32x3"`` (tensor cores, each fp32
+    operand as a TF32 head and tail) or ``"bf16x3"`` (tensor cores: the fp32 operand as three
+    bf16 pieces against ring vectors that are bf16 already, Mamba-2's B_j and GDN's k_j, so
+    every product is exact and only the fp32 accumulation rounds; needs a bf16 ring,
+    ``ring_dtype``). None takes ``default`` (``default_fold_precision``)."""
+    prec = flush_precision or default
     if prec not in FOLD_PRECISIONS:
         raise ValueError(f"flush_precision must be one of {FOLD_PRECISIONS}, got {flush_precision!r}")
+    if prec == "bf16x3" and ring_dtype is not None and ring_dtype != torch.bfloat16:
+        raise ValueError(f"flush_precision='bf16x3' needs a bf16 ring (bf16 activations), "
+                         f"got {ring_dtype}")
     return prec
+
+
+def default_fold_precision(cfg, records: bool, rows: int, ring_dtype: torch.dtype) -> str:
+    """The flush's default ``flush_precision``: ``"bf16x3"`` for the ``"dot"`` fold of an fp32
+    checkpoint without a u recompute, on tiles of 16+ rows (an MMA's least) over a bf16 ring;
+    else ``"ieee"``. Measured on the H200 at batch 256 against fp32 FMAs on 16-row one-warp
+    tiles (reports/kernels/tune_r73_*_fp32_flush_bf16x3.log): the GDN flush Qwen3.5-4B 461 ->
+    418 us, 122B 906 -> 817 us, and with 3 pipelining stages 362 / 709 us
+    (``gdn_flush_stages``, tune_r74_fp32_flush_stages.log); Mamba-2 Nemotron-3-Nano-4B 657 ->
+    648 us, Super 673 -> 660 us. Narrow checkpoints keep their record folds: in the MMA
+    layout their SR and encode cost as many instructions as the FMA fold saves, and the
+    nvfp4-read/fp16-sr flush on Super took 2293-2709 us against 1494 us
+    (tune_r74_narrow_flush_*.log)."""
+    ok = (not records and rows >= 16 and ring_dtype == torch.bfloat16
+          and cfg.ckpt.name == "fp32" and not cfg.recompute_u)
+    return "bf16x3" if ok else "ieee"
 
 
 def _records(flush_fold: str | None) -> bool:
