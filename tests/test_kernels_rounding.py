@@ -188,6 +188,39 @@ def test_nvfp4_rows_dot_matches_float64(vec_scale):
 
 
 @triton.jit
+def _rows_dot_fp32_kernel(s_ptr, va_ptr, vb_ptr, ya_ptr, yb_ptr, nrows,
+                          BR: tl.constexpr, N: tl.constexpr):
+    rows = tl.arange(0, BR)
+    ya, yb = rows_dot(s_ptr, s_ptr, s_ptr, rows, rows < nrows, va_ptr, vb_ptr, va_ptr,
+                      0, BR, N, True, False)
+    tl.store(ya_ptr + rows, ya)
+    tl.store(yb_ptr + rows, yb)
+
+
+@pytest.mark.parametrize("BR,n", [(8, 128), (32, 128), (4, 64)])
+def test_fp32_rows_dot_matches_float64(BR, n):
+    """Both row products of fp32 state rows (the FP32 non-flush step's two mat-vecs) against
+    float64: masked rows read zeros, NaN and inf propagate."""
+    g = torch.Generator().manual_seed(3)
+    S = torch.randn(BR, n, generator=g) * torch.logspace(-2, 2, BR)[:, None]
+    S[1, n - 3] = float("nan")
+    S[2, 5] = float("inf")
+    va, vb = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    ya, yb = (torch.full((BR,), -7.0) for _ in range(2))  # poisoned
+    live = BR - 1  # the last row is masked
+    _rows_dot_fp32_kernel[(1,)](S, va, vb, ya, yb, live, BR=BR, N=n)
+    for y, v in ((ya, va), (yb, vb)):
+        want = S.double() @ v.double()
+        want[live:] = 0.0
+        assert torch.equal(torch.isnan(y), torch.isnan(want))
+        fin = torch.isfinite(want)
+        assert torch.equal(y[~fin & ~torch.isnan(want)], want[~fin & ~torch.isnan(want)].float())
+        mag = S.double().abs() @ v.double().abs()
+        mag[live:] = 0.0
+        assert ((y[fin].double() - want[fin]).abs() <= 1e-6 * mag[fin] + 1e-30).all()
+
+
+@triton.jit
 def _e2m1_code_kernel(t_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
     tl.store(out_ptr + i, e2m1_rn_code(tl.load(t_ptr + i)))
