@@ -51,9 +51,14 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
     return 2 * a.numel() * 4 / times[len(times) // 2]
 
 
-def time_graph(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Median seconds per call of ``fn`` captured in a CUDA graph (plain calls on a CPU, for
-    dry runs)."""
+def time_graph(fn, reps: int = 20, warmup: int = 30, warm_s: float = 0.02,
+               repeat: int = 1) -> float:
+    """Median seconds per call of ``fn`` captured ``repeat`` times in one CUDA graph (plain
+    calls on a CPU, for dry runs). The graph is replayed ``warmup`` times and for at least
+    ``warm_s`` seconds before timing: on the H200 the first ~10 replays of a step that
+    rewrites a freshly allocated state run ~10% slower than every later one
+    (reports/kernels/probe_r86_ramp.log). ``repeat`` > 1 keeps the launch gap of a lone
+    replay out of the time, as a window of steps does."""
     if not torch.cuda.is_available():
         fn()
         t = time.perf_counter()
@@ -67,9 +72,14 @@ def time_graph(fn, reps: int = 20, warmup: int = 3) -> float:
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
-    for _ in range(warmup):
+        for _ in range(repeat):
+            fn()
+    t_end, n = time.perf_counter() + warm_s, 0
+    while n < warmup or time.perf_counter() < t_end:
         g.replay()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -78,7 +88,7 @@ def time_graph(fn, reps: int = 20, warmup: int = 3) -> float:
         g.replay()
         en.record()
         en.synchronize()
-        times.append(st.elapsed_time(en) / 1e3)
+        times.append(st.elapsed_time(en) / 1e3 / repeat)
     times.sort()
     return times[len(times) // 2]
 
@@ -146,11 +156,20 @@ class Workload:
                                self.slots, advance=advance, **kw)
 
 
+CONV_STEPS = 16  # steps per timed graph for configs without a window (conventional steps, FLA)
+REPEAT = 4  # copies per timed graph of a step that leaves the cache as it found it (flush with
+# the cursor held, speculative verify): no launch gap of a lone replay in the time
+
+
 def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda", **kw) -> dict:
     L = cfg.L
-    w = Workload(shape, batch, cfg, steps=max(L, 2), device=device)
-    if L == 1:
-        t = time_graph(lambda: w.step(0, **kw), reps)
+    w = Workload(shape, batch, cfg, steps=max(L, CONV_STEPS), device=device)
+    if L == 1:  # as many steps per graph as a window, so launch costs weigh the same
+        def steps():
+            for i in range(CONV_STEPS):
+                w.step(i, **kw)
+
+        t = time_graph(steps, reps) / CONV_STEPS
         return dict(window_us=t * 1e6, nonflush_us=t * 1e6, flush_us=t * 1e6)
     w.cache.cursor.zero_()
 
@@ -160,7 +179,7 @@ def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
 
     t_win = time_graph(window, reps) / L
     w.cache.cursor.fill_(L - 1)
-    t_fl = time_graph(lambda: w.step(L - 1, advance=False, **kw), reps)
+    t_fl = time_graph(lambda: w.step(L - 1, advance=False, **kw), reps, repeat=REPEAT)
     t_nf = (t_win * L - t_fl) / (L - 1)
     return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6)
 
@@ -170,7 +189,7 @@ def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "
     """Microseconds of one flush step (every row's cursor at L-1)."""
     w = Workload(shape, batch, cfg, steps=cfg.L, device=device)
     w.cache.cursor.fill_(cfg.L - 1)
-    return time_graph(lambda: w.step(cfg.L - 1, advance=False, **kw), reps) * 1e6
+    return time_graph(lambda: w.step(cfg.L - 1, advance=False, **kw), reps, repeat=REPEAT) * 1e6
 
 
 def verify_workload(shape: ModelShape, batch: int, cfg, T: int, device: str = "cuda") -> Workload:
@@ -196,7 +215,7 @@ def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
     else:
         q, k, v, g, beta = st("q"), st("k"), st("v"), st("g"), st("beta")
         fn = lambda: gdn_verify(w.cache, q, k, v, g, beta, w.slots, **kw)  # noqa: E731
-    return time_graph(fn, reps) * 1e6
+    return time_graph(fn, reps, repeat=REPEAT) * 1e6
 
 
 def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
@@ -215,11 +234,13 @@ def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
     beta = torch.rand(batch, 1, H, device=dev).to(torch.bfloat16)
     h0 = torch.randn(batch, H, V, K, device=dev) * 0.05
 
-    def step():
-        fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=K**-0.5, initial_state=h0,
-                                         output_final_state=True, state_v_first=True)
+    def steps():
+        for _ in range(CONV_STEPS):
+            fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=K**-0.5,
+                                             initial_state=h0, output_final_state=True,
+                                             state_v_first=True)
 
-    return time_graph(step, reps) * 1e6
+    return time_graph(steps, reps) / CONV_STEPS * 1e6
 
 
 VERIFY_CONFIGS = ("replay-fp32", "nvfp4-read/fp16-sr")  # speculative verify rows (L = 16)

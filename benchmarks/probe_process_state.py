@@ -3,7 +3,9 @@
 Times the conventional FP32 step and the ReplaySSM FP32 window of some shapes at one batch
 (``decode.measure``, CUDA graphs) four times in one process: first, after other shapes'
 workloads, after ``torch.cuda.empty_cache()``, and once more. A number that moves between
-these points depends on the process's state rather than on the kernel.
+these points depends on the process's state rather than on the kernel. (``probe_r72`` ran
+with the harness's old 3-replay warm-up; ``probe_timing.py ramp`` found the cause: the first
+~10 replays of a conventional step's graph on a fresh state are ~10% slower.)
 
     python3 benchmarks/probe_process_state.py                  # reports/kernels/probe_r72_conv_alloc.log
     python3 benchmarks/probe_process_state.py --shapes qwen3.5-4b --churn nemotron-3-super-120b

@@ -55,7 +55,9 @@ def test_time_variants_jobs_files(tmp_path):
                                                   ROOT / "benchmarks" / "time_variants.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for name in ("tune_r40_jobs_window.json", "tune_r40_jobs_new.json"):
+    for name in ("tune_r40_jobs_window.json", "tune_r40_jobs_new.json",
+                 "tune_r88_jobs_fp32_flush_grid.json", "tune_r89_jobs_m2_fp32_flush_regs.json",
+                 "tune_r90_jobs_batch1.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
         assert jobs and all(s in SHAPES and c in PRESETS for s, c, _, _ in jobs)
     rows = json.loads((ROOT / "reports" / "kernels" / "tune_r40_jobs_window.json").read_text())
@@ -86,3 +88,42 @@ def test_process_state_probe_on_tiny_shapes(monkeypatch):
     for _, t in out:
         conv, window = t["tiny-gdn"]
         assert conv > 0 and window > 0
+
+
+def test_probe_timing_refuses_without_a_gpu(monkeypatch):
+    """benchmarks/probe_timing.py names its probes in --help, rejects an unknown one, and
+    stops with a message (not a traceback) where there is no GPU to time."""
+    import pytest
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("probe_timing",
+                                                  ROOT / "benchmarks" / "probe_timing.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert set(mod.PROBES) == {"inplace", "warm", "clocks", "data", "ramp", "harness"}
+    with pytest.raises(SystemExit) as e:
+        mod.main(["nonsense"])
+    assert e.value.code == 2
+    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        mod.main(["ramp"])
+
+
+def test_measure_times_steps_without_a_window_as_a_window(monkeypatch):
+    """A conventional step is timed over CONV_STEPS steps with their own inputs, as a
+    ReplaySSM window is over L (CPU dry run on a tiny shape)."""
+    from replayssm_quant.precision import ModelShape
+
+    mod = _module()
+    seen = []
+    real = mod.Workload.step
+
+    def step(self, i, **kw):
+        seen.append(i)
+        return real(self, i, **kw)
+
+    monkeypatch.setattr(mod.Workload, "step", step)
+    tiny = ModelShape("tiny-gdn", "gdn", 2, 32, 32, 1)
+    m = mod.measure(tiny, 2, PRESETS["fp32"], 1, device="cpu")
+    assert m["window_us"] > 0 and m["window_us"] == m["flush_us"]
+    assert sorted(set(seen)) == list(range(mod.CONV_STEPS))
