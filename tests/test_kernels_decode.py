@@ -508,9 +508,10 @@ def test_grid_order_defaults_follow_the_measured_table():
     assert gdn_tile_first(0) and not gdn_tile_first(17) and gdn_tile_first(17, narrow=False)
 
 
-def test_small_grid_rows_only_shrink_small_narrow_grids():
-    """Narrow-read non-flush tiles shrink to 16 rows when the grid would be short of programs
-    (batch 1), keep their rows at serving batch sizes, and other configs never change."""
+def test_small_grid_rows_only_shrink_small_replay_grids():
+    """Non-flush tiles shrink when the grid would be short of programs (batch 1): narrow
+    reads to 16 rows below 512 programs, fp32 reads to 8 rows below 1024; both keep their
+    rows at serving batch sizes, and conventional steps never change."""
     from replayssm_quant.kernels.mamba2 import small_grid_rows
 
     narrow, fp32 = PRESETS["nvfp4-read/fp16-sr"], PRESETS["replay-fp32"]
@@ -518,7 +519,11 @@ def test_small_grid_rows_only_shrink_small_narrow_grids():
     assert small_grid_rows(narrow, 64, 128, 64, 1) == 16       # Qwen3.5-122B, batch 1
     assert small_grid_rows(narrow, 64, 128, 64, 4) == 64       # 4 x 64 x 2 = 512 programs
     assert small_grid_rows(narrow, 64, 64, 128, 256) == 64
-    assert small_grid_rows(fp32, 32, 64, 128, 1) == 32
+    assert small_grid_rows(fp32, 64, 64, 128, 1) == 8          # Super, batch 1: 1024 programs
+    assert small_grid_rows(fp32, 32, 128, 64, 1) == 8          # Qwen3.5-122B: 64 x 16 programs
+    assert small_grid_rows(fp32, 32, 128, 64, 2) == 16         # 2 x 64 x 8 = 1024 programs
+    assert small_grid_rows(fp32, 32, 128, 64, 8) == 32
+    assert small_grid_rows(fp32, 64, 64, 128, 256) == 64
     assert small_grid_rows(PRESETS["fp32"], 32, 64, 128, 1) == 32
 
 

@@ -558,6 +558,7 @@ def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
 
 
 SMALL_GRID_PROGRAMS = 512
+SMALL_GRID_PROGRAMS_FP32 = 1024
 FUSED_PREP_MAX_BATCH = 4
 
 
@@ -569,14 +570,23 @@ def fused_prep_default(batch: int) -> bool:
 
 
 def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
-    """Rows per program of a non-flush step reading an fp8 / NVFP4 copy at small batch: halved
-    (down to 16) while the grid would hold fewer than ``SMALL_GRID_PROGRAMS`` programs, whose
-    one warp each is then latency-bound. At batch 1 on the H200 16 rows beat 64: NVFP4 non-flush
-    on Nemotron-3-Super 8.4 -> 7.1 us, Qwen3.5-4B 9.4 -> 7.8 us, Qwen3.5-122B 9.5 -> 7.9 us
-    (reports/kernels/tune_r31_batch1_tiles.log). Batch sizes with full grids keep ``rows``."""
-    if cfg.L == 1 or not reads_narrow_copy(cfg):
+    """Rows per program of a ReplaySSM non-flush step at small batch, halved while the grid
+    would hold fewer programs than a floor, whose one warp each is then latency-bound; batch
+    sizes with full grids keep ``rows``, and conventional steps never change. Measured on the
+    H200 at batch 1 (16 steps per CUDA graph):
+
+    * reading an fp8 / NVFP4 copy: down to 16 rows below ``SMALL_GRID_PROGRAMS`` (512)
+      programs; NVFP4 non-flush on Nemotron-3-Super 8.4 -> 7.1 us, Qwen3.5-4B 9.4 -> 7.8 us,
+      Qwen3.5-122B 9.5 -> 7.9 us (reports/kernels/tune_r31_batch1_tiles.log);
+    * reading the fp32 state itself: down to 8 rows below ``SMALL_GRID_PROGRAMS_FP32``
+      (1024) programs; the replay-fp32 window on Nemotron-3-Nano-4B 7.9 -> 6.9 us, Super
+      8.6 -> 6.9 us, Qwen3.5-4B 7.9 -> 6.9 us, Qwen3.5-122B 8.2 -> 7.6 us
+      (reports/kernels/tune_r90_batch1.log)."""
+    if cfg.L == 1:
         return rows
-    while rows > 16 and batch * heads * triton.cdiv(dim, rows) < SMALL_GRID_PROGRAMS:
+    floor, least = ((SMALL_GRID_PROGRAMS, 16) if reads_narrow_copy(cfg)
+                    else (SMALL_GRID_PROGRAMS_FP32, 8))
+    while rows > least and batch * heads * triton.cdiv(dim, rows) < floor:
         rows //= 2
     return rows
 
