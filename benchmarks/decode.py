@@ -5,9 +5,13 @@ measured in the same run, and the ratio to our conventional FP32 step.
     python benchmarks/decode.py --out reports/kernels            # full sweep
     python benchmarks/decode.py --batch 256 --L 16                # one batch, one L
 
-Each measurement replays a CUDA graph: a whole window of L steps (window average), one flush
-step (cursor held at L-1), and the non-flush average derived from the two. Inputs are fresh
-random values (never zeros) and differ per step of the window.
+Each measurement replays a CUDA graph: a whole window of L steps (window average), a flush
+step with the cursor held at L-1 (4 copies to a graph), and the non-flush average derived
+from the two. Configs without a window (conventional steps, FLA's peer kernel) are timed 16
+steps to a graph, so every config pays its launches the same way. Every graph is warmed for
+30 replays and 20 ms before timing: on the H200 the first ~10 replays of a conventional
+step over a fresh state run ~10% slower (reports/kernels/probe_r86_ramp.log). Inputs are
+fresh random values (never zeros) and differ per step of the window.
 """
 
 from __future__ import annotations
