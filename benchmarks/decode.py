@@ -250,10 +250,15 @@ def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
 VERIFY_CONFIGS = ("replay-fp32", "nvfp4-read/fp16-sr")  # speculative verify rows (L = 16)
 
 
+COMPILE_BATCHES = (1, 64)  # the launch sets and tiles of small and serving batches
+
+
 def compile_job(job: tuple) -> tuple:
     """Worker: compile one (shape, config, launch knobs) by running a window of steps at
-    batch 2 (and a verify of T drafts when T > 0), so Triton's on-disk cache serves the
-    main process; ``kw = {"verify": knobs}`` compiles only a verify with those knobs)."""
+    batch 1 and at batch 64 (one launch per step with batch-1 tiles, and the separate
+    launches with serving tiles; ``COMPILE_BATCHES``), and a verify of T drafts when T > 0,
+    so Triton's on-disk cache serves the main process; ``kw = {"verify": knobs}`` compiles
+    only a verify with those knobs)."""
     sname, cfg, kw, T, device = job
     t = time.time()
     try:
@@ -261,9 +266,11 @@ def compile_job(job: tuple) -> tuple:
         if "verify" in kw:  # verify launch knobs only
             measure_verify(shape, 2, cfg, T, 1, device=device, **kw["verify"])
         else:
-            w = Workload(shape, 2, cfg, steps=max(cfg.L, 2), device=device)
-            for i in range(max(cfg.L, 1)):
-                w.step(i, **kw)
+            for batch in COMPILE_BATCHES:
+                w = Workload(shape, batch, cfg, steps=max(cfg.L, 2), device=device)
+                for i in range(max(cfg.L, 1)):
+                    w.step(i, **kw)
+                del w
             if T:
                 measure_verify(shape, 2, cfg, T, 1, device=device)
         if device == "cuda":

@@ -57,7 +57,8 @@ def test_time_variants_jobs_files(tmp_path):
     spec.loader.exec_module(mod)
     for name in ("tune_r40_jobs_window.json", "tune_r40_jobs_new.json",
                  "tune_r88_jobs_fp32_flush_grid.json", "tune_r89_jobs_m2_fp32_flush_regs.json",
-                 "tune_r90_jobs_batch1.json"):
+                 "tune_r90_jobs_batch1.json", "tune_r92_jobs_one_launch.json",
+                 "tune_r94_jobs_batch1.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
         assert jobs and all(s in SHAPES and c in PRESETS for s, c, _, _ in jobs)
     rows = json.loads((ROOT / "reports" / "kernels" / "tune_r40_jobs_window.json").read_text())

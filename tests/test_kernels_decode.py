@@ -132,21 +132,79 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("name", list(PRESETS))
-def test_decode_step_matches_reference(kind, name):
-    _run(kind, _small_L(PRESETS[name]))
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_decode_step_matches_reference(kind, name, one_launch):
+    """Every preset, as one launch per step (``one_launch``: conventional and flushing
+    programs advance the cursors through the ticket) and as the large-batch launches."""
+    _run(kind, _small_L(PRESETS[name]), one_launch=one_launch)
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr"])
-def test_rows_flushing_on_different_steps(kind, name):
-    _run(kind, _small_L(PRESETS[name]), stagger=True)
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_rows_flushing_on_different_steps(kind, name, one_launch):
+    _run(kind, _small_L(PRESETS[name]), stagger=True, one_launch=one_launch)
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
-def test_separate_advance_launch_matches_reference(kind):
-    """``fuse_advance=False``: the cursors move in their own launch after the flush, with the
-    same counters and states as the flush-fused advance (checked every step by ``_run``)."""
-    _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), stagger=True, fuse_advance=False)
+def test_one_launch_ticket_is_rearmed(kind):
+    """One cache stepped through two flushes as one launch per step: every row's counter is 0
+    after every step (each row's last program re-arms it), the cursors and flush indices
+    follow."""
+    cfg = _small_L(PRESETS["nvfp4-read/fp16-sr"])
+    g = torch.Generator().manual_seed(3)
+    if kind == "mamba2":
+        ref = mamba2.init_mamba2_state(cfg, NSLOTS, 4, 16, 32, 2, seed=11)
+        inp = mamba2_inputs(len(SLOTS), 2 * cfg.L, 4, 16, 32, 2, generator=g)
+    else:
+        ref = gdn.init_gdn_state(cfg, NSLOTS, 4, 16, 32, 2, seed=11)
+        inp = gdn_inputs(len(SLOTS), 2 * cfg.L, 4, 16, 32, 2, generator=g)
+    cache = cache_from_reference(ref)
+    assert cache.ticket.shape == (NSLOTS,)
+    live = SLOTS[SLOTS >= 0].long()
+    for t in range(2 * cfg.L):
+        if kind == "mamba2":
+            a = {k: (v[:, t].contiguous() if v is not None and v.dim() > 1 else v)
+                 for k, v in inp.items()}
+            mamba2_decode_step(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS,
+                               block_p=8, one_launch=True)
+        else:
+            a = {k: v[:, t].contiguous() for k, v in inp.items()}
+            gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS, block_v=8,
+                            one_launch=True)
+        assert not cache.ticket.any()
+        assert cache.cursor[live].tolist() == [(t + 1) % cfg.L] * 3
+        assert cache.flush_index[live].tolist() == [(t + 1) // cfg.L] * 3
+
+
+def test_one_launch_choice():
+    """One launch by default at small batch unless a persistent-flush knob is set; asking for
+    it with a knob of the flush it replaces is refused."""
+    from replayssm_quant.kernels.mamba2 import (
+        ONE_LAUNCH_MAX_BATCH,
+        ONE_LAUNCH_MAX_BATCH_CONV,
+        resolve_one_launch,
+    )
+
+    assert resolve_one_launch(None, 1) and resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH)
+    assert not resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH + 1)
+    assert resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH_CONV, conventional=True)
+    assert not resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH_CONV + 1, conventional=True)
+    assert not resolve_one_launch(None, 1, (None, "records"))
+    assert resolve_one_launch(True, 512) and not resolve_one_launch(False, 1)
+    with pytest.raises(ValueError, match="flush knobs"):
+        resolve_one_launch(True, 1, (16,))
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_one_launch_with_a_separate_advance(kind):
+    """``one_launch`` with ``fuse_advance=False``: the step's work in one launch, the cursors
+    moved by their own launch: the same outputs, counters and states as the reference, rows
+    flushing on different steps."""
+    cfg = _small_L(PRESETS["nvfp4-read/fp16-sr"])
+    _run(kind, cfg, stagger=True, one_launch=True, fuse_advance=False)
+    _run(kind, PRESETS["fp16-sr"], steps=2, one_launch=True, fuse_advance=False)
+
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
@@ -155,8 +213,8 @@ def test_ring_products_launch_or_fused(kind, fuse_prep):
     """The ring products and flush list from their own launch (``fuse_prep=False``, the
     large-batch path) or formed inside the non-flush launch (small batches): the same
     outputs, counters and states as the reference, rows flushing on different steps."""
-    _run(kind, _small_L(PRESETS["replay-fp32"]), stagger=True, fuse_prep=fuse_prep)
-    _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), stagger=True, fuse_prep=fuse_prep)
+    for name in ("replay-fp32", "nvfp4-read/fp16-sr"):
+        _run(kind, _small_L(PRESETS[name]), stagger=True, fuse_prep=fuse_prep, one_launch=False)
 
 
 @pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "nvfp4-read/fp32"])
@@ -315,8 +373,9 @@ def test_sr_bits_match_reference(kind):
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "fp32", "shared-fp8"])
-def test_nan_inputs_are_reported(kind, name):
-    ref, ker = _run(kind, _small_L(PRESETS[name]), steps=4, nan_at=1)
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_nan_inputs_are_reported(kind, name, one_launch):
+    ref, ker = _run(kind, _small_L(PRESETS[name]), steps=4, nan_at=1, one_launch=one_launch)
     assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
 
 
@@ -510,8 +569,9 @@ def test_grid_order_defaults_follow_the_measured_table():
 
 def test_small_grid_rows_only_shrink_small_replay_grids():
     """Non-flush tiles shrink when the grid would be short of programs (batch 1): narrow
-    reads to 16 rows below 512 programs, fp32 reads to 8 rows below 1024; both keep their
-    rows at serving batch sizes, and conventional steps never change."""
+    reads to 16 rows below 512 programs, fp32 reads (and every read of a one-launch step) to
+    8 rows below 1024; all keep their rows at serving batch sizes, and conventional steps
+    never change."""
     from replayssm_quant.kernels.mamba2 import small_grid_rows
 
     narrow, fp32 = PRESETS["nvfp4-read/fp16-sr"], PRESETS["replay-fp32"]
@@ -525,6 +585,11 @@ def test_small_grid_rows_only_shrink_small_replay_grids():
     assert small_grid_rows(fp32, 32, 128, 64, 8) == 32
     assert small_grid_rows(fp32, 64, 64, 128, 256) == 64
     assert small_grid_rows(PRESETS["fp32"], 32, 64, 128, 1) == 32
+    # one launch per step: the tiles also flush, so every read goes down to 8 rows
+    assert small_grid_rows(narrow, 64, 64, 128, 1, one_launch=True) == 8
+    assert small_grid_rows(narrow, 64, 128, 64, 1, one_launch=True) == 8
+    assert small_grid_rows(narrow, 64, 128, 64, 4, one_launch=True) == 32
+    assert small_grid_rows(PRESETS["fp32"], 32, 64, 128, 1, one_launch=True) == 32
 
 
 def test_gdn_ut_flush_refuses_the_faulting_tf32x3_tile():
@@ -588,5 +653,7 @@ def test_whole_head_non_flush_matches_reference(name):
     assert whole_head_rows(24, 32) == (16, 8) and whole_head_rows(200, 128) is None
     cfg = _small_L(PRESETS[name])
     assert whole_head_default(cfg) == (name != "replay-fp32")
-    _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=None, whole_head=True)
+    for one_launch in (True, False):  # flushes on the step's two row passes, or apart
+        _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=None, whole_head=True,
+             one_launch=one_launch)
     _run("mamba2", cfg, steps=2, head_dim=24, block_p=None, whole_head=False)

@@ -63,6 +63,19 @@ def _sig(names: str, types: dict[str, str], default: str) -> dict[str, str]:
     return {n: types.get(n, default) for n in names.split()}
 
 
+def _step_state_sig(ck: int, rd: int) -> dict[str, str]:
+    """The checkpoint / read-copy / counter arguments a non-flush step kernel takes for its
+    one-launch flush (``ONE_LAUNCH``)."""
+    data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
+            FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
+    sig = {"ck_ptr": data.get(ck, "*fp32"), "ck_rs_ptr": "*fp32", "ck_bs_ptr": "*fp8e4nv",
+           "s_ck": "i64", "s_ckrs": "i64", "s_ckbs": "i64",
+           "rd_ptr": data.get(rd, "*fp32"), "rd_rs_ptr": "*fp32", "rd_bs_ptr": "*fp8e4nv",
+           "s_rd": "i64", "s_rdrs": "i64", "s_rdbs": "i64"}
+    sig.update(nan_ptr="*i32", seed="i32", layer="i32", ticket_ptr="*i32")
+    return sig
+
+
 def _verify_precision(precision: str, src_fmt: int) -> dict:
     """The verify kernel's product constexprs, as ``mamba2_verify`` / ``gdn_verify`` pass them."""
     return dict(PREC=precision, SMALL="tf32x3" if precision == "bf16x3" else precision,
@@ -70,9 +83,13 @@ def _verify_precision(precision: str, src_fmt: int) -> dict:
 
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
-           fold: str = "dot", precision: str | None = None) -> tuple:
+           fold: str = "dot", precision: str | None = None, one_launch: bool = False) -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset. ``precision``: the
-    verify products' dot_precision (default bf16x3) or the flush fold's (default ieee)."""
+    verify products' dot_precision (default bf16x3) or the flush fold's (default ieee).
+    ``one_launch``: the non-flush / conventional step as one launch per step (flushing rows
+    flush in the step, the last program advances the cursors)."""
+    one = dict(ONE_LAUNCH=one_launch, ADVANCE=one_launch, CK_FMT=_fmt(PRESETS[preset].ckpt),
+               RD_FMT=_fmt(PRESETS[preset].read), SR=PRESETS[preset].uses_sr)
     cfg = PRESETS[preset]
     fold_prec = precision or "ieee"
     precision = precision or "bf16x3"
@@ -190,12 +207,11 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(_sig("xr_ptr dtr_ptr Br_ptr", types, "*fp32"))
         sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
         sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
-        sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32")
+        sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
                       HAS_D=True, BP=block, LUT=False,
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
-                      FUSED_PREP=False,
-                      BP2=0)
+                      FUSED_PREP=one_launch, BP2=0, **one)
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
@@ -211,10 +227,10 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(_sig("kr_ptr ur_ptr gr_ptr vr_ptr br_ptr", types, "*fp32"))
         sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
         sig.update(_sig("cur_ptr kd_ptr lut_ptr", types, "*fp32"))
-        sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32")
+        sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
-                      TILE_FIRST=False, FUSED_PREP=False)
+                      TILE_FIRST=False, FUSED_PREP=one_launch, **one)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
@@ -251,16 +267,17 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                        "ck_bs_ptr", types, "*fp32")
             sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
             sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
-            sig.update(seed="i32", layer="i32")
+            sig.update(seed="i32", layer="i32", ticket_ptr="*i32", cur_ptr="*i32", nrows="i32")
             return kg._gdn_conv_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, CK_FMT=ck, SR=sr,
-                                                  BV=block, TILE_FIRST=True)
+                                                  BV=block, TILE_FIRST=True, ADVANCE=one_launch)
         sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr ck_ptr ck_rs_ptr "
                    "ck_bs_ptr", types, "*fp32")
         sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
         sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
-        sig.update(seed="i32", layer="i32")
+        sig.update(seed="i32", layer="i32", ticket_ptr="*i32", cur_ptr="*i32", nrows="i32")
         return km._mamba2_conv_kernel, sig, dict(H=128, P=64, N=128, G=8, CK_FMT=ck, SR=sr,
-                                                 HAS_D=True, BP=block, TILE_FIRST=True)
+                                                 HAS_D=True, BP=block, TILE_FIRST=True,
+                                                 ADVANCE=one_launch)
     raise SystemExit(f"unknown target {name!r}")
 
 
@@ -400,11 +417,13 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, default=None,
                     help="cap the registers per thread (the launch option of that name)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--one-launch", action="store_true",
+                    help="step targets as one launch per step (flush and cursor advance inside)")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
-                             fold=a.fold)
+                             fold=a.fold, one_launch=a.one_launch)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
     if a.json:
         print(json.dumps(s, indent=1))

@@ -53,7 +53,9 @@ class ReplayCache:
     ``ring`` maps names to ring tensors (Mamba-2: ``x``, ``dt``, ``B``; GDN: ``k``, ``u``,
     ``g`` and, when the flush recomputes u, ``v``, ``beta``). ``cursor`` counts committed
     records since the checkpoint; ``flush_index`` counts checkpoint writes (SR key);
-    ``nan_count`` accumulates NaNs written to the state.
+    ``nan_count`` accumulates NaNs written to the state; ``ticket`` counts the finished
+    programs of each slot in a one-launch step, whose last program advances the slot's
+    cursor (``kernels.mamba2.finish_row``).
     """
 
     cfg: PrecisionConfig
@@ -68,6 +70,11 @@ class ReplayCache:
     layer: int = 0
     seed: int = 0
     drafted: torch.Tensor | None = None  # drafts of the last verify (reference path only)
+    ticket: torch.Tensor | None = None  # (slots,) int32, 0 between launches
+
+    def __post_init__(self) -> None:
+        if self.ticket is None:
+            self.ticket = torch.zeros_like(self.cursor)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"ckpt": self.ckpt.data, "cursor": self.cursor, "flush_index": self.flush_index}

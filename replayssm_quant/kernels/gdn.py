@@ -43,10 +43,12 @@ from .mamba2 import (
     advance_cursor,
     advance_rows,
     default_fold_precision,
+    finish_row,
     flush_list,
     fold_precision,
     fused_prep_default,
     reads_narrow_copy,
+    resolve_one_launch,
     small_grid_rows,
     split_terms,
     verify_chunk,
@@ -55,15 +57,17 @@ from .mamba2 import (
 from .persistent import launch_persistent
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _gdn_conv_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
-    fi_ptr, nan_ptr, seed, layer,
+    fi_ptr, nan_ptr, seed, layer, ticket_ptr, cur_ptr, nrows,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     CK_FMT: tl.constexpr, SR: tl.constexpr, BV: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, ADVANCE: tl.constexpr = False,
 ):
+    """Conventional step per (row, value head, BV value rows). With ADVANCE the row's last
+    program also advances its counters (``finish_row``): the step is one launch."""
     b, h, vt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
@@ -90,6 +94,8 @@ def _gdn_conv_kernel(
                              ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K, False)
         if nans > 0:
             tl.atomic_add(nan_ptr, nans)
+        if ADVANCE:
+            finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, 0, fi, 1, TILE_FIRST)
 
 
 @triton.jit
@@ -184,32 +190,40 @@ def _gdn_prep_kernel(
                 tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
 
-@triton.jit(do_not_specialize=["nrows"])
+@triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _gdn_nonflush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
     kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
     cur_ptr, kd_ptr, lut_ptr, fi_ptr, list_ptr, nrows,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs, nan_ptr, seed, layer, ticket_ptr,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
     TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False,
+    ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
+    RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False,
 ):
     """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source
     (S k and S q in one pass) + the ring, then append the record. Flushing rows exit at once:
     the flush kernel serves them. With FUSED_PREP the program forms its key head's
     ``k_j . k``, ``k_j . q`` and ``k . q`` itself (program 0 of a key head also stores them
     for a flushing row's flush) and the first program builds the flush list, so the
-    ring-products launch is skipped."""
+    ring-products launch is skipped. With ONE_LAUNCH (implies FUSED_PREP) the programs of a
+    flushing row flush their own rows instead (``_gdn_flush_rows``, records folded one by
+    one) and, with ADVANCE, each row's last program to finish advances its cursor
+    (``finish_row``): the step is this launch alone."""
     RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
-    if FUSED_PREP:
+    if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (vt == 0):
             flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
-        if FUSED_PREP:
+        fi = tl.load(fi_ptr + slot) + 1 if ONE_LAUNCH else 0
+        if FUSED_PREP and not ONE_LAUNCH:
             if (c == L - 1) & (vt == 0) & (h % RATIO == 0):
                 _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot, c,
                               HK, K, CAP, LB, True)
@@ -257,6 +271,138 @@ def _gdn_nonflush_kernel(
                     k = tl.load(k_row + kk)
                     tl.store(kr_ptr + slot * s_kr + (hk * CAP + c) * K + kk,
                              k.to(kr_ptr.dtype.element_ty))
+        elif ONE_LAUNCH:
+            kkt = tl.zeros((LB,), dtype=tl.float32)
+            if not RECOMPUTE:  # the records' u come from the ring: w needs k_j . k
+                kkt = _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot,
+                                    c, HK, K, CAP, LB, False)[0]
+            vv = vt * BV + tl.arange(0, BV)
+            nans = _gdn_flush_rows(
+                b, h, vv, vv < V, slot, fi, kd_ptr, kkt, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                o_ptr, ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+                kd_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR, RECOMPUTE,
+                BV, True, "ieee", True)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+        if ONE_LAUNCH and ADVANCE:
+            finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi, L, TILE_FIRST)
+
+
+@triton.jit
+def _gdn_flush_rows(b, h, vvf, mvf, slot, fi, kd_ptr, kkt_local,
+                    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+                    ti_ptr, seed, layer,
+                    HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+                    L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+                    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr,
+                    RECOMPUTE: tl.constexpr, BVF: tl.constexpr, RECORDS: tl.constexpr,
+                    FOLD_PREC: tl.constexpr, KD_LOCAL: tl.constexpr):
+    """The flush of value rows ``vvf`` (BVF of them, ``mvf`` valid) of value head h of row b:
+    recompute the window's u's from the checkpoint when a read copy exists, fold them and
+    the current token, write o, the checkpoint (SR with flush index ``fi``) and the read copy.
+    The keys' ``k_j . k`` come from the ring-products buffer ``kd_ptr``, or with KD_LOCAL from
+    ``kkt_local`` (formed by the calling program). Returns the NaNs written."""
+    RATIO: tl.constexpr = HV // HK
+    kk = tl.arange(0, K)
+    j = tl.arange(0, LB)
+    mj = j < L - 1
+    hk = h // RATIO
+    rowsf = h * V + vvf
+    Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                   ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
+    q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+    k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
+    vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
+    gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
+    beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+    gr, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, L - 1, gt, LB)
+    dec = tl.where(mj, tl.exp(after), 0.0)
+    G = tl.exp(total)
+    Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                 mask=mj[:, None], other=0.0)
+    SPLIT: tl.constexpr = FOLD_PREC == "bf16x3"  # k_j exact in bf16: exact products
+    # on tensor cores against the fp32 operand's three bf16 pieces
+    if not SPLIT:
+        Kr = Kr.to(tl.float32)
+    kd_row = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+    if KD_LOCAL:
+        kkt = kkt_local
+    else:
+        kkt = tl.load(kd_row + j, mask=mj, other=0.0)
+    if RECORDS and RECOMPUTE:  # the window replayed from the checkpoint, oldest record
+        # first: each record's u from the running state (u_j = beta_j (v_j - a_j S k_j)),
+        # then its rank-1 update; only the state tile stays live
+        for t in tl.static_range(L - 1):
+            gj = tl.load(gr_ptr + slot * s_gr + h * CAP + t)
+            bj = tl.load(br_ptr + slot * s_br + h * CAP + t)
+            # the key loaded as a (rows, K) tile of one record: it then arrives in the
+            # state's layout instead of being moved into it through shuffles / shared memory
+            kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + t) * K + kk[None, :]
+                         + 0 * vvf[:, None]).to(tl.float32)
+            vj = tl.load(vr_ptr + slot * s_vr + (h * CAP + t) * V + vvf, mask=mvf,
+                         other=0.0).to(tl.float32)
+            Sf = tl.exp(gj) * Sf
+            uj = bj * (vj - tl.sum(Sf * kj, axis=1))
+            Sf = Sf + uj[:, None] * kj
+        Sf = tl.exp(gt) * Sf
+        uf = beta * (vf - tl.sum(Sf * k[None, :], axis=1))
+    elif RECOMPUTE:
+        br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
+        Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
+                      mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
+        if SPLIT:  # (BVF, LB): S_c k_j
+            SK = split_dot(Sf, tl.trans(Kr), tl.zeros((BVF, LB), dtype=tl.float32), 3)
+        else:
+            SK = tl.dot(Sf, tl.trans(Kr), input_precision=FOLD_PREC)
+        X = br[None, :] * (Vrf - tl.exp(tl.cumsum(gr, 0))[None, :] * SK)
+        TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
+        Uf = tl.dot(X, TI, input_precision="ieee" if SPLIT else FOLD_PREC)
+    elif not RECORDS:
+        Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
+                     mask=mj[None, :] & mvf[:, None], other=0.0)
+    if RECORDS and not RECOMPUTE:  # rank-1 updates, newest record first (suffix sums
+        # of g give the decays), each record's u and key straight from the ring
+        sfx = gt
+        upd = tl.zeros((BVF, K), dtype=tl.float32)
+        wr = tl.zeros((BVF,), dtype=tl.float32)
+        for t in tl.static_range(L - 1):
+            jj = L - 2 - t
+            dj = tl.exp(sfx)
+            uj = tl.load(ur_ptr + slot * s_ur + (h * CAP + jj) * V + vvf, mask=mvf,
+                         other=0.0) * dj
+            kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + jj) * K + kk[None, :]
+                         + 0 * vvf[:, None]).to(tl.float32)  # in the state's layout
+            upd += uj[:, None] * kj
+            if KD_LOCAL:
+                wr += uj * tl.sum(tl.where(j == jj, kkt, 0.0), 0)
+            else:
+                wr += uj * tl.load(kd_row + jj)
+            sfx += tl.load(gr_ptr + slot * s_gr + h * CAP + jj)
+        wf = G * tl.sum(Sf * k[None, :], axis=1) + wr
+        uf = beta * (vf - wf)
+        Sf = G * Sf + upd
+    elif not RECORDS:
+        wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
+        uf = beta * (vf - wf)
+        if SPLIT:
+            Sf = G * Sf + split_dot(Uf * dec[None, :], Kr,
+                                    tl.zeros((BVF, K), dtype=tl.float32), 3)
+        else:
+            Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision=FOLD_PREC)
+    Sf = Sf + uf[:, None] * k[None, :]
+    of = tl.sum(Sf * q[None, :], axis=1)
+    tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
+    return write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
+                        ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                        ck_bs_ptr + slot * s_ckbs,
+                        rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
+                        rd_bs_ptr + slot * s_rdbs,
+                        CK_FMT, RD_FMT, SR, BVF, K)
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -278,11 +424,7 @@ def _gdn_flush_kernel(
     STAGES (None: Triton's default, the fastest measured) software-pipelines the loop. ADVANCE
     moves every row's cursor on afterwards, as in the Mamba-2 flush."""
     TILES: tl.constexpr = (V + BVF - 1) // BVF
-    RATIO: tl.constexpr = HV // HK
     nflush = tl.load(list_ptr)
-    kk = tl.arange(0, K)
-    j = tl.arange(0, LB)
-    mj = j < L - 1
     nans = tl.zeros((), dtype=tl.int32)
     for item in tl.range(tl.program_id(0), nflush * (HV * TILES), tl.num_programs(0),
                          num_stages=STAGES):
@@ -290,95 +432,15 @@ def _gdn_flush_kernel(
         fi = tl.load(list_ptr + 2 + 2 * (item // (HV * TILES)))
         h = (item // TILES) % HV
         vt = item % TILES
-        hk = h // RATIO
         slot = tl.load(slots_ptr + b)
         vvf = vt * BVF + tl.arange(0, BVF)
-        mvf = vvf < V
-        rowsf = h * V + vvf
-        Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                       ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
-        q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-        k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-        vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
-        gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
-        beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
-        gr, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, L - 1, gt, LB)
-        dec = tl.where(mj, tl.exp(after), 0.0)
-        G = tl.exp(total)
-        Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                     mask=mj[:, None], other=0.0)
-        SPLIT: tl.constexpr = FOLD_PREC == "bf16x3"  # k_j exact in bf16: exact products
-        # on tensor cores against the fp32 operand's three bf16 pieces
-        if not SPLIT:
-            Kr = Kr.to(tl.float32)
-        kkt = tl.load(kd_ptr + (b * HK + hk) * (2 * LB + 1) + j, mask=mj, other=0.0)
-        if RECORDS and RECOMPUTE:  # the window replayed from the checkpoint, oldest record
-            # first: each record's u from the running state (u_j = beta_j (v_j - a_j S k_j)),
-            # then its rank-1 update; only the state tile stays live
-            for t in tl.static_range(L - 1):
-                gj = tl.load(gr_ptr + slot * s_gr + h * CAP + t)
-                bj = tl.load(br_ptr + slot * s_br + h * CAP + t)
-                # the key loaded as a (rows, K) tile of one record: it then arrives in the
-                # state's layout instead of being moved into it through shuffles / shared memory
-                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + t) * K + kk[None, :]
-                             + 0 * vvf[:, None]).to(tl.float32)
-                vj = tl.load(vr_ptr + slot * s_vr + (h * CAP + t) * V + vvf, mask=mvf,
-                             other=0.0).to(tl.float32)
-                Sf = tl.exp(gj) * Sf
-                uj = bj * (vj - tl.sum(Sf * kj, axis=1))
-                Sf = Sf + uj[:, None] * kj
-            Sf = tl.exp(gt) * Sf
-            uf = beta * (vf - tl.sum(Sf * k[None, :], axis=1))
-        elif RECOMPUTE:
-            br = tl.load(br_ptr + slot * s_br + h * CAP + j, mask=mj, other=0.0)
-            Vrf = tl.load(vr_ptr + slot * s_vr + (h * CAP + j[None, :]) * V + vvf[:, None],
-                          mask=mj[None, :] & mvf[:, None], other=0.0).to(tl.float32)
-            if SPLIT:  # (BVF, LB): S_c k_j
-                SK = split_dot(Sf, tl.trans(Kr), tl.zeros((BVF, LB), dtype=tl.float32), 3)
-            else:
-                SK = tl.dot(Sf, tl.trans(Kr), input_precision=FOLD_PREC)
-            X = br[None, :] * (Vrf - tl.exp(tl.cumsum(gr, 0))[None, :] * SK)
-            TI = tl.load(ti_ptr + (b * HV + h) * (LB * LB) + j[:, None] * LB + j[None, :])
-            Uf = tl.dot(X, TI, input_precision="ieee" if SPLIT else FOLD_PREC)
-        elif not RECORDS:
-            Uf = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vvf[:, None],
-                         mask=mj[None, :] & mvf[:, None], other=0.0)
-        if RECORDS and not RECOMPUTE:  # rank-1 updates, newest record first (suffix sums
-            # of g give the decays), each record's u and key straight from the ring
-            sfx = gt
-            upd = tl.zeros((BVF, K), dtype=tl.float32)
-            wr = tl.zeros((BVF,), dtype=tl.float32)
-            kd_row = kd_ptr + (b * HK + hk) * (2 * LB + 1)
-            for t in tl.static_range(L - 1):
-                jj = L - 2 - t
-                dj = tl.exp(sfx)
-                uj = tl.load(ur_ptr + slot * s_ur + (h * CAP + jj) * V + vvf, mask=mvf,
-                             other=0.0) * dj
-                kj = tl.load(kr_ptr + slot * s_kr + (hk * CAP + jj) * K + kk[None, :]
-                             + 0 * vvf[:, None]).to(tl.float32)  # in the state's layout
-                upd += uj[:, None] * kj
-                wr += uj * tl.load(kd_row + jj)
-                sfx += tl.load(gr_ptr + slot * s_gr + h * CAP + jj)
-            wf = G * tl.sum(Sf * k[None, :], axis=1) + wr
-            uf = beta * (vf - wf)
-            Sf = G * Sf + upd
-        elif not RECORDS:
-            wf = G * tl.sum(Sf * k[None, :], axis=1) + tl.sum(Uf * (dec * kkt)[None, :], axis=1)
-            uf = beta * (vf - wf)
-            if SPLIT:
-                Sf = G * Sf + split_dot(Uf * dec[None, :], Kr,
-                                        tl.zeros((BVF, K), dtype=tl.float32), 3)
-            else:
-                Sf = G * Sf + tl.dot(Uf * dec[None, :], Kr, input_precision=FOLD_PREC)
-        Sf = Sf + uf[:, None] * k[None, :]
-        of = tl.sum(Sf * q[None, :], axis=1)
-        tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
-        nans += write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
-                            ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                            ck_bs_ptr + slot * s_ckbs,
-                            rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                            rd_bs_ptr + slot * s_rdbs,
-                            CK_FMT, RD_FMT, SR, BVF, K)
+        nans += _gdn_flush_rows(
+            b, h, vvf, vvf < V, slot, fi, kd_ptr, kd_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+            o_ptr, ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+            rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+            kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+            ti_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR, RECOMPUTE, BVF,
+            RECORDS, FOLD_PREC, False)
     if ADVANCE:
         advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, 256)
     if nans > 0:
@@ -494,13 +556,15 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     flush_precision: str | None = None, tile_first: bool | None = None,
                     fuse_advance: bool = True, fuse_prep: bool | None = None,
                     maxnreg: int | None = None, flush_maxnreg: int | None = None,
+                    one_launch: bool | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
-    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg`` and ``flush_maxnreg`` as for
-    Mamba-2)."""
+    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg`` and ``one_launch``
+    as for Mamba-2; the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs
+    its own launch and is never one launch)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
@@ -508,18 +572,24 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     cfg = cache.cfg
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
+    ol = resolve_one_launch(one_launch, Bsz, (
+        flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
+        flush_maxnreg), conventional=cache.capacity == 0)
+    ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     kb, kw = gdn_step_knobs(cfg, V)
-    BV = block_v or small_grid_rows(cfg, kb, V, HV, Bsz)
+    BV = block_v or small_grid_rows(cfg, kb, V, HV, Bsz, ol)
     num_warps = num_warps or kw
     tf = gdn_tile_first(cache.capacity, reads_narrow_copy(cfg)) if tile_first is None else tile_first
     grid = step_grid(Bsz, HV, triton.cdiv(V, BV), tf)
     ck = _state_args(cache.ckpt, slots)
     if cache.capacity == 0:
         _gdn_conv_kernel[grid](q, k, v, g, beta, slots, o, *ck, cache.flush_index,
-                               cache.nan_count, cache.seed, cache.layer, HV=HV, HK=HK, V=V,
-                               K=K, CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=BV,
-                               TILE_FIRST=tf, num_warps=num_warps, **register_cap(maxnreg))
-        if advance:
+                               cache.nan_count, cache.seed, cache.layer, cache.ticket,
+                               cache.cursor, Bsz, HV=HV, HK=HK, V=V, K=K,
+                               CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=BV, TILE_FIRST=tf,
+                               ADVANCE=ticket,
+                               num_warps=num_warps, **register_cap(maxnreg))
+        if advance and not ticket:
             advance_cursor(cache, slots)
     else:
         rd = _state_args(cache.read, slots)
@@ -538,7 +608,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         _check_ut_tile(ut, fprec, BVF, FW)  # before any launch
         ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
         # the UT transform needs its own launch; otherwise small batches fold it away
-        fp = not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
+        fp = ol or (not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep))
         if not fp:
             _gdn_prep_kernel[(Bsz, HK, HV // HK if ut else 1)](
                 q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
@@ -548,10 +618,17 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
-            lut_table(lut, o), cache.flush_index, work, Bsz, HV=HV, HK=HK, V=V, K=K,
+            lut_table(lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
+            cache.seed, cache.layer, cache.ticket, HV=HV, HK=HK, V=V, K=K,
             L=cfg.L, CAP=cache.capacity, LB=LB,
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
-            TILE_FIRST=tf, FUSED_PREP=fp, num_warps=num_warps, **register_cap(maxnreg))
+            TILE_FIRST=tf, FUSED_PREP=fp, ONE_LAUNCH=ol, ADVANCE=ticket,
+            CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+            num_warps=num_warps, **register_cap(maxnreg))
+        if ol:
+            if advance and not ticket:
+                advance_cursor(cache, slots)
+            return o
         launch_persistent(
             _gdn_flush_kernel, q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,

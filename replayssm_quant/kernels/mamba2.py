@@ -43,15 +43,17 @@ def _fmt(st) -> int:
     return FMT_NONE if st is None else FMT_CODES[st.fmt]
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _mamba2_conv_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, slots_ptr, y_ptr,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
-    fi_ptr, nan_ptr, seed, layer,
+    fi_ptr, nan_ptr, seed, layer, ticket_ptr, cur_ptr, nrows,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     CK_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, ADVANCE: tl.constexpr = False,
 ):
+    """Conventional step per (row, head, BP head-dim rows). With ADVANCE the row's last
+    program also advances its counters (``finish_row``): the step is one launch."""
     b, h, pt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
@@ -80,6 +82,8 @@ def _mamba2_conv_kernel(
                              ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N, False)
         if nans > 0:
             tl.atomic_add(nan_ptr, nans)
+        if ADVANCE:
+            finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, 0, fi, 1, TILE_FIRST)
 
 
 @triton.jit
@@ -128,6 +132,28 @@ def advance_rows(slots_ptr, cur_ptr, fi_ptr, first, stride, nrows, L: tl.constex
         tl.store(cur_ptr + slot, tl.where(fl, 0, c + 1), mask=ok)
         fi = tl.load(fi_ptr + slot, mask=ok, other=0)
         tl.store(fi_ptr + slot, tl.where(fl, fi + 1, fi), mask=ok)
+
+
+@triton.jit
+def finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi_next, L: tl.constexpr,
+               TILE_FIRST: tl.constexpr):
+    """Count this program of cache slot ``slot`` finished (``ticket_ptr[slot]``); the row's
+    last program moves its cursor on from ``c`` (and its flush index to ``fi_next`` when it
+    flushed) and re-arms the counter. Every program read the cursor before its
+    acquire-release increment, so none sees the new value, and the step needs no launch of
+    its own for the advance: at small batch, where a launch costs microseconds, a step is one
+    launch (``one_launch_default``). The values are the program's own: the advance adds no
+    load to the step's tail. Counting per head first and then per row was slower on the
+    H200 (reports/kernels/tune_r93_ticket.log)."""
+    if TILE_FIRST:
+        programs = tl.num_programs(0) * tl.num_programs(1)
+    else:
+        programs = tl.num_programs(1) * tl.num_programs(2)
+    if tl.atomic_add(ticket_ptr + slot, 1) == programs - 1:
+        tl.store(ticket_ptr + slot, 0)
+        tl.store(cur_ptr + slot, tl.where(c == L - 1, 0, c + 1))
+        if c == L - 1:
+            tl.store(fi_ptr + slot, fi_next)
 
 
 @triton.jit(do_not_specialize=["nrows"])
@@ -185,16 +211,20 @@ def _nonflush_rows(p, mp, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
     tl.store(xr_ptr + slot * s_xr + (h * CAP + c) * P + p, x.to(xr_ptr.dtype.element_ty), mask=mp)
 
 
-@triton.jit(do_not_specialize=["nrows"])
+@triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _mamba2_nonflush_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr, slots_ptr, y_ptr,
     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
     xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, cur_ptr, bc_ptr, lut_ptr,
     fi_ptr, list_ptr, nrows,
+    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs, nan_ptr, seed, layer, ticket_ptr,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
     TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False, BP2: tl.constexpr = 0,
+    ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
+    RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
@@ -203,14 +233,19 @@ def _mamba2_nonflush_kernel(
     launch is skipped (small batches, where every launch costs microseconds). With BP2 > 0 a
     program covers its whole head in two passes, rows ``[0, BP)`` then ``[BP, BP + BP2)``
     (``whole_head_rows``): a head dim that is no power of two then computes no padding rows
-    and spends the per-program work once per head."""
+    and spends the per-program work once per head. With ONE_LAUNCH (implies FUSED_PREP) the
+    programs of a flushing row flush their own rows instead (``_mamba2_flush_rows``, records
+    folded one by one: a tile may be narrower than a tensor-core product) and, with ADVANCE,
+    each row's last program to finish advances its cursor (``finish_row``): the step is this
+    launch alone."""
     b, h, pt = row_head_tile(TILE_FIRST)
-    if FUSED_PREP:
+    if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (pt == 0):
             flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
+        fi = tl.load(fi_ptr + slot) + 1 if ONE_LAUNCH else 0
         if c != L - 1:
             HPG: tl.constexpr = H // G
             g = h // HPG
@@ -248,6 +283,89 @@ def _mamba2_nonflush_kernel(
                     Bv = tl.load(B_ptr + (b * G + g) * N + n)
                     tl.store(Br_ptr + slot * s_Br + (g * CAP + c) * N + n,
                              Bv.to(Br_ptr.dtype.element_ty))
+        elif ONE_LAUNCH:
+            p = pt * BP + tl.arange(0, BP)
+            nans = _mamba2_flush_rows(
+                b, h, p, p < P, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
+                ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
+                H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BP, True, "ieee")
+            if BP2 > 0:
+                p2 = BP + tl.arange(0, BP2)
+                nans += _mamba2_flush_rows(
+                    b, h, p2, p2 < P, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
+                    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
+                    H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BP2, True, "ieee")
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
+        if ONE_LAUNCH and ADVANCE:
+            finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi, L, TILE_FIRST)
+
+
+@triton.jit
+def _mamba2_flush_rows(b, h, pf, mpf, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
+                       ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                       rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                       xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
+                       H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+                       L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
+                       CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr,
+                       HAS_D: tl.constexpr, BPF: tl.constexpr, RECORDS: tl.constexpr,
+                       FOLD_PREC: tl.constexpr):
+    """The flush of head-dim rows ``pf`` (BPF of them, ``mpf`` valid) of head h of row b: fold
+    the L-1 buffered records and the current token into the checkpoint, write y, the
+    checkpoint (SR with flush index ``fi``) and the read copy made from its new value.
+    Returns the NaNs written."""
+    n = tl.arange(0, N)
+    j = tl.arange(0, LB)
+    g = h // (H // G)
+    rowsf = h * P + pf
+    Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                   ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
+    dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
+    Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
+    Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+    if RECORDS:  # rank-1 updates, newest record first: the decay since record j is a
+        # suffix sum of dt, and each record's x and B come straight from the ring
+        total = dt
+        updf = tl.zeros((BPF, N), dtype=tl.float32)
+        for t in tl.static_range(L - 1):
+            jj = L - 2 - t
+            dj = tl.load(dtr_ptr + slot * s_dtr + h * CAP + jj)
+            xj = tl.load(xr_ptr + slot * s_xr + (h * CAP + jj) * P + pf, mask=mpf,
+                         other=0.0).to(tl.float32)
+            # B_j loaded as a (rows, N) tile of one record (the same addresses on every
+            # row): it then arrives in the fold's layout instead of being shuffled into it
+            Bj = tl.load(Br_ptr + slot * s_Br + (g * CAP + jj) * N + n[None, :]
+                         + 0 * pf[:, None]).to(tl.float32)
+            updf += (tl.exp(A * total) * dj * xj)[:, None] * Bj
+            total += dj
+    else:
+        w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, L - 1, dt, A, CAP, LB)
+        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                     mask=mj[:, None], other=0.0)
+        xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
+                      mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
+        if FOLD_PREC == "bf16x3":  # B_j exact in bf16: exact products on tensor cores
+            updf = split_dot(tl.trans(xrf * w[:, None]), Br,
+                             tl.zeros((BPF, N), dtype=tl.float32), 3)
+        else:
+            updf = tl.dot(tl.trans(xrf * w[:, None]), Br.to(tl.float32),
+                          input_precision=FOLD_PREC)
+    Sf = tl.exp(A * total) * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
+    yf = tl.sum(Sf * Cv[None, :], axis=1)
+    if HAS_D:
+        yf += tl.load(D_ptr + h).to(tl.float32) * xf
+    tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
+    return write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
+                       ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs, ck_bs_ptr + slot * s_ckbs,
+                       rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs, rd_bs_ptr + slot * s_rdbs,
+                       CK_FMT, RD_FMT, SR, BPF, N)
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -264,73 +382,27 @@ def _mamba2_flush_kernel(
     FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
-    flush list. Each tile folds the L-1 buffered records and the current token into the
-    checkpoint, writes y, the checkpoint (SR when configured) and the read copy made from
-    its new value. STAGES (None: Triton's default) software-pipelines the loop: the next tile's
-    loads are issued while this one folds. With ADVANCE the programs then move every row's
-    cursor on (``advance_rows``): the flush reads its flush indices from the list and the
-    cursors were read by the earlier launches, so no separate launch is needed."""
+    flush list (``_mamba2_flush_rows`` each). STAGES (None: Triton's default)
+    software-pipelines the loop: the next tile's loads are issued while this one folds. With
+    ADVANCE the programs then move every row's cursor on (``advance_rows``): the flush reads
+    its flush indices from the list and the cursors were read by the earlier launches, so no
+    separate launch is needed."""
     TILES: tl.constexpr = (P + BPF - 1) // BPF
     nflush = tl.load(list_ptr)
-    n = tl.arange(0, N)
-    j = tl.arange(0, LB)
     nans = tl.zeros((), dtype=tl.int32)
     for item in tl.range(tl.program_id(0), nflush * (H * TILES), tl.num_programs(0),
                          num_stages=STAGES):
         b = tl.load(list_ptr + 1 + 2 * (item // (H * TILES)))
         fi = tl.load(list_ptr + 2 + 2 * (item // (H * TILES)))
         h = (item // TILES) % H
-        pt = item % TILES
-        g = h // (H // G)
+        pf = (item % TILES) * BPF + tl.arange(0, BPF)
         slot = tl.load(slots_ptr + b)
-        pf = pt * BPF + tl.arange(0, BPF)
-        mpf = pf < P
-        rowsf = h * P + pf
-        Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                       ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
-        dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
-        A = tl.load(A_ptr + h).to(tl.float32)
-        xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
-        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
-        Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
-        if RECORDS:  # rank-1 updates, newest record first: the decay since record j is a
-            # suffix sum of dt, and each record's x and B come straight from the ring
-            total = dt
-            updf = tl.zeros((BPF, N), dtype=tl.float32)
-            for t in tl.static_range(L - 1):
-                jj = L - 2 - t
-                dj = tl.load(dtr_ptr + slot * s_dtr + h * CAP + jj)
-                xj = tl.load(xr_ptr + slot * s_xr + (h * CAP + jj) * P + pf, mask=mpf,
-                             other=0.0).to(tl.float32)
-                # B_j loaded as a (rows, N) tile of one record (the same addresses on every
-                # row): it then arrives in the fold's layout instead of being shuffled into it
-                Bj = tl.load(Br_ptr + slot * s_Br + (g * CAP + jj) * N + n[None, :]
-                             + 0 * pf[:, None]).to(tl.float32)
-                updf += (tl.exp(A * total) * dj * xj)[:, None] * Bj
-                total += dj
-        else:
-            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, L - 1, dt, A, CAP, LB)
-            Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                         mask=mj[:, None], other=0.0)
-            xrf = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + pf[None, :],
-                          mask=mj[:, None] & mpf[None, :], other=0.0).to(tl.float32)
-            if FOLD_PREC == "bf16x3":  # B_j exact in bf16: exact products on tensor cores
-                updf = split_dot(tl.trans(xrf * w[:, None]), Br,
-                                 tl.zeros((BPF, N), dtype=tl.float32), 3)
-            else:
-                updf = tl.dot(tl.trans(xrf * w[:, None]), Br.to(tl.float32),
-                              input_precision=FOLD_PREC)
-        Sf = tl.exp(A * total) * Sf + updf + (dt * xf)[:, None] * Bv[None, :]
-        yf = tl.sum(Sf * Cv[None, :], axis=1)
-        if HAS_D:
-            yf += tl.load(D_ptr + h).to(tl.float32) * xf
-        tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
-        nans += write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
-                            ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                            ck_bs_ptr + slot * s_ckbs,
-                            rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
-                            rd_bs_ptr + slot * s_rdbs,
-                            CK_FMT, RD_FMT, SR, BPF, N)
+        nans += _mamba2_flush_rows(
+            b, h, pf, pf < P, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
+            ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+            rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+            xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
+            H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BPF, RECORDS, FOLD_PREC)
     if ADVANCE:
         advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, 256)
     if nans > 0:
@@ -399,7 +471,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        flush_precision: str | None = None, tile_first: bool | None = None,
                        fuse_advance: bool = True, fuse_prep: bool | None = None,
                        maxnreg: int | None = None, flush_maxnreg: int | None = None,
-                       whole_head: bool | None = None,
+                       whole_head: bool | None = None, one_launch: bool | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -415,6 +487,10 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     ``whole_head_default``, at the default tile rows) has each non-flush program cover a whole
     head whose dim is no power of two in two row passes (``whole_head_rows``). ``maxnreg`` /
     ``flush_maxnreg`` cap the registers of the step / flush programs (``register_cap``).
+    ``one_launch`` (default ``one_launch_default``: small batches) makes the whole step one
+    launch: conventional programs and flushing rows' programs do their work on the step's
+    tiles (records folded one by one, so the flush knobs do not apply) and the last program
+    to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
@@ -423,8 +499,12 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     cfg = cache.cfg
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
+    ol = resolve_one_launch(one_launch, Bsz, (
+        flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
+        flush_maxnreg), conventional=cache.capacity == 0)
+    ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     kb, kw = mamba2_step_knobs(cfg, P, N)
-    BP = block_p or small_grid_rows(cfg, kb, P, H, Bsz)
+    BP = block_p or small_grid_rows(cfg, kb, P, H, Bsz, ol)
     BP2 = 0
     split = whole_head_rows(P, N) if cache.capacity else None
     if whole_head is None:
@@ -441,10 +521,11 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     if cache.capacity == 0:
         _mamba2_conv_kernel[grid](
             x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
-            cache.seed, cache.layer, H=H, P=P, N=N, G=G, CK_FMT=_fmt(cache.ckpt),
-            SR=cfg.uses_sr, HAS_D=D is not None, BP=BP, TILE_FIRST=tf, num_warps=num_warps or kw,
+            cache.seed, cache.layer, cache.ticket, cache.cursor, Bsz, H=H, P=P, N=N, G=G,
+            CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, HAS_D=D is not None, BP=BP,
+            TILE_FIRST=tf, ADVANCE=ticket, num_warps=num_warps or kw,
             **register_cap(maxnreg))
-        if advance:
+        if advance and not ticket:
             advance_cursor(cache, slots)
         return y
     rd = _state_args(cache.read, slots)
@@ -452,7 +533,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     LB = max(16, triton.next_power_of_2(cache.capacity))
     bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
     work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
-    fp = fused_prep_default(Bsz) if fuse_prep is None else fuse_prep
+    fp = ol or (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
     if not fp:
         _mamba2_prep_kernel[(Bsz, G)](
             Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
@@ -461,10 +542,17 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     _mamba2_nonflush_kernel[grid](
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
         slot_stride(Br), cache.cursor, bc, lut_table(lut, y), cache.flush_index, work, Bsz,
+        *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket,
         H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, BP2=BP2, num_warps=num_warps or kw,
-        **register_cap(maxnreg))
+        BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, BP2=BP2, ONE_LAUNCH=ol, ADVANCE=ticket,
+
+        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        num_warps=num_warps or kw, **register_cap(maxnreg))
+    if ol:
+        if advance and not ticket:
+            advance_cursor(cache, slots)
+        return y
     fold, fblock, fwarps = mamba2_flush_knobs(cfg)
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     FW = flush_warps or fwarps
@@ -569,7 +657,38 @@ def fused_prep_default(batch: int) -> bool:
     return batch <= FUSED_PREP_MAX_BATCH
 
 
-def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
+ONE_LAUNCH_MAX_BATCH = 4
+ONE_LAUNCH_MAX_BATCH_CONV = 1
+
+
+def one_launch_default(batch: int, conventional: bool = False) -> bool:
+    """Whether a decode step is one launch (``finish_row``), measured on the H200
+    (reports/kernels/tune_r93_ticket.log): a ReplaySSM step up to batch 4 (replay-fp32 window
+    on Nemotron-3-Nano-4B 7.1 -> 4.9 us at batch 1, Nemotron-3-Super 9.7 -> 8.8 us at batch 4),
+    a conventional step at batch 1 only (Super 5.6 -> 4.8 us at batch 1, but 9.7 -> 10.7 us at
+    batch 4, where a row's 512 programs queue on its counter). Larger batches keep the lean
+    non-flush launch and the persistent flush, whose tiles are tuned apart (the one-launch
+    flush folds on one-warp step tiles: 274 against 58 us at batch 16,
+    tune_r92_one_launch.log)."""
+    return batch <= (ONE_LAUNCH_MAX_BATCH_CONV if conventional else ONE_LAUNCH_MAX_BATCH)
+
+
+def resolve_one_launch(one_launch: bool | None, batch: int, flush_knobs: tuple = (),
+                       conventional: bool = False) -> bool:
+    """The one-launch choice of a step: unless given, the default for the batch and step
+    kind, and off when any knob of the persistent flush (``flush_knobs``) is set, since that
+    asks for that flush; asking for both is refused."""
+    if one_launch and any(k is not None for k in flush_knobs):
+        raise ValueError("the flush knobs set the persistent flush launch; one_launch=True "
+                         "flushes on the step's own tiles, folding records one by one")
+    if one_launch is None:
+        return (one_launch_default(batch, conventional)
+                and all(k is None for k in flush_knobs))
+    return one_launch
+
+
+def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int,
+                    one_launch: bool = False) -> int:
     """Rows per program of a ReplaySSM non-flush step at small batch, halved while the grid
     would hold fewer programs than a floor, whose one warp each is then latency-bound; batch
     sizes with full grids keep ``rows``, and conventional steps never change. Measured on the
@@ -581,10 +700,15 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int) -> int:
     * reading the fp32 state itself: down to 8 rows below ``SMALL_GRID_PROGRAMS_FP32``
       (1024) programs; the replay-fp32 window on Nemotron-3-Nano-4B 7.9 -> 6.9 us, Super
       8.6 -> 6.9 us, Qwen3.5-4B 7.9 -> 6.9 us, Qwen3.5-122B 8.2 -> 7.6 us
-      (reports/kernels/tune_r90_batch1.log)."""
+      (reports/kernels/tune_r90_batch1.log);
+    * one launch per step (``one_launch``), whose programs also flush: down to 8 rows below
+      ``SMALL_GRID_PROGRAMS_FP32`` for every read, since the flush then runs on these tiles;
+      the NVFP4 read over an fp16-SR checkpoint at batch 1, Nemotron-3-Super 5.3 -> 5.0 us,
+      Qwen3.5-122B 6.5 -> 5.9 us (flush 18.5 -> 9.3 and 28.5 -> 12.1 us,
+      reports/kernels/tune_r94_batch1_warps.log)."""
     if cfg.L == 1:
         return rows
-    floor, least = ((SMALL_GRID_PROGRAMS, 16) if reads_narrow_copy(cfg)
+    floor, least = ((SMALL_GRID_PROGRAMS, 16) if reads_narrow_copy(cfg) and not one_launch
                     else (SMALL_GRID_PROGRAMS_FP32, 8))
     while rows > least and batch * heads * triton.cdiv(dim, rows) < floor:
         rows //= 2
