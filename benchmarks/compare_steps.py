@@ -1,7 +1,7 @@
 """Every preset's decode step against the conventional FP32 step of the same process, at
 batch 1 and 256, with a step knob off and on (``--knob``: the cursor advance inside the flush
-launch, or the ring products inside the non-flush launch), and an optional batch-1 sweep of
-the non-flush tile (rows x warps). CUDA only.
+launch, the ring products inside the non-flush launch, or the whole step as one launch), and
+an optional batch-1 sweep of the non-flush tile (rows x warps). CUDA only.
 
     python benchmarks/compare_steps.py --sweep                        # this checkout
     git worktree add /tmp/old <commit>
@@ -34,7 +34,8 @@ def main(argv=None) -> int:
                                                   "nvfp4-read/fp32"],
                     help="presets timed at batches above 1 (every preset runs at batch 1)")
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 256])
-    ap.add_argument("--knob", default="fuse_advance", choices=["fuse_advance", "fuse_prep"],
+    ap.add_argument("--knob", default="fuse_advance",
+                    choices=["fuse_advance", "fuse_prep", "one_launch"],
                     help="the boolean step knob timed off and on")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--workers", type=int, default=14)

@@ -7,7 +7,8 @@ needed. A ReplaySSM step is three launches as for Mamba-2 (``mamba2.py``): ring 
 key head (``k_j . k``, ``k_j . q``) and the flush list, the lean non-flush kernel, the
 persistent flush. With a read copy, the flush recomputes every u of the window from the
 high-precision checkpoint before folding (``U = X (I + M)^-T``, the transform from the
-ring-products launch), so the read copy's error never enters the recurrence.
+ring-products launch), so the read copy's error never enters the recurrence. At small
+batch a step is one launch, as for Mamba-2 (``one_launch_default``).
 """
 
 from __future__ import annotations

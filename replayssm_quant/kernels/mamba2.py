@@ -7,7 +7,9 @@ depends on the launch configuration. A ReplaySSM step is three launches: per (ro
 ring products ``B_j . C`` every head of the group reads, plus the list of rows that flush this
 step (built on the device); the non-flush kernel, which flushing rows leave at once, so it stays
 lean; and a persistent flush grid that walks the flushing rows' tiles. Launch shapes depend
-only on tensor shapes: CUDA-graph safe.
+only on tensor shapes: CUDA-graph safe. At small batch a step is one launch instead
+(``one_launch_default``): flushing rows flush on the step's own tiles and each row's last
+program advances its cursor (``finish_row``).
 """
 
 from __future__ import annotations
