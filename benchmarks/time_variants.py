@@ -7,9 +7,10 @@ Run it once per checkout to compare two of them on the same GPU, e.g.
         --root /tmp/old --tag old
     python benchmarks/time_variants.py --jobs reports/kernels/tune_r40_jobs_new.json
 
-A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``knobs`` are keyword
-arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is ``"window"`` or
-``"flush"``.
+A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a preset name,
+optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
+``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
+``"window"`` or ``"flush"``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
     return jobs
 
 
+def preset_config(name: str):
+    """The precision config of a preset name, ``name@L<n>`` for another window length."""
+    from dataclasses import replace
+
+    from replayssm_quant.precision import PRESETS
+
+    base, _, tail = name.partition("@L")
+    if base not in PRESETS or (tail and not tail.isdigit()):
+        raise KeyError(name)
+    return replace(PRESETS[base], L=int(tail), name=name) if tail else PRESETS[base]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", required=True, help="JSON list of [shape, preset, knobs, mode]")
@@ -51,20 +64,27 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(root / "benchmarks"))
     from decode import copy_bandwidth, measure, measure_flush, precompile
 
-    from replayssm_quant.precision import PRESETS, SHAPES
+    from replayssm_quant.precision import SHAPES
 
-    unknown = [j for j in jobs if j[0] not in SHAPES or j[1] not in PRESETS]
+    def known(name: str) -> bool:
+        try:
+            preset_config(name)
+        except KeyError:
+            return False
+        return True
+
+    unknown = [j for j in jobs if j[0] not in SHAPES or not known(j[1])]
     if unknown:
         raise SystemExit(f"unknown shape or preset in {unknown}")
-    precompile([(s, PRESETS[c], kw, 0, "cuda") for s, c, kw, _ in jobs], args.workers)
+    precompile([(s, preset_config(c), kw, 0, "cuda") for s, c, kw, _ in jobs], args.workers)
     print(f"{args.tag} copy {copy_bandwidth() / 1e12:.3f} TB/s", flush=True)
     for s, c, kw, mode in jobs:
         head = f"{args.tag} B={args.batch} {s:22s} {c:20s} {json.dumps(kw):50s}"
         if mode == "flush":
-            t = measure_flush(SHAPES[s], args.batch, PRESETS[c], args.reps, device="cuda", **kw)
+            t = measure_flush(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **kw)
             print(f"{head} flush {t:8.1f}", flush=True)
         else:
-            m = measure(SHAPES[s], args.batch, PRESETS[c], args.reps, device="cuda", **kw)
+            m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **kw)
             print(f"{head} win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "
                   f"fl {m['flush_us']:8.1f}", flush=True)
     if args.resident:

@@ -58,9 +58,15 @@ def test_time_variants_jobs_files(tmp_path):
     for name in ("tune_r40_jobs_window.json", "tune_r40_jobs_new.json",
                  "tune_r88_jobs_fp32_flush_grid.json", "tune_r89_jobs_m2_fp32_flush_regs.json",
                  "tune_r90_jobs_batch1.json", "tune_r92_jobs_one_launch.json",
-                 "tune_r94_jobs_batch1.json"):
+                 "tune_r94_jobs_batch1.json", "tune_r97_jobs_batch1.json",
+                 "tune_r97_jobs_batch4.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
-        assert jobs and all(s in SHAPES and c in PRESETS for s, c, _, _ in jobs)
+        assert jobs and all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
+    assert mod.preset_config("replay-fp32@L8").L == 8
+    assert mod.preset_config("replay-fp32") is PRESETS["replay-fp32"]
+    for bad in ("replay-fp33", "replay-fp32@Lx"):
+        with pytest.raises(KeyError):
+            mod.preset_config(bad)
     rows = json.loads((ROOT / "reports" / "kernels" / "tune_r40_jobs_window.json").read_text())
     rows[0][3] = "both"
     tmp = tmp_path / "jobs.json"

@@ -73,8 +73,16 @@ def _stagger(kind, ref, inp) -> None:
             gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], sl)
 
 
+def _poison_stale_records(cache) -> None:
+    """NaN in every ring record at or past its row's cursor: records a step must not read."""
+    for s in SLOTS[SLOTS >= 0].tolist():
+        c = int(cache.cursor[s])
+        for t in cache.ring.values():
+            t[s, :, c:] = float("nan")
+
+
 def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
-         act=torch.float32, **kw):
+         act=torch.float32, poison_ring=False, **kw):
     g = torch.Generator().manual_seed(seed)
     if kind == "mamba2":
         H, P, N, G = 4, head_dim, 32, 2
@@ -101,6 +109,8 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
     for t in range(steps):
         ker = _clone(ref)
         cache = cache_from_reference(ker)
+        if poison_ring:
+            _poison_stale_records(cache)
         poison = torch.full((len(SLOTS), 4, P if kind == "mamba2" else V), float("nan"))
         if kind == "mamba2":
             a = {k: (v[:, t] if v is not None and v.dim() > 1 else v) for k, v in inp.items()}
@@ -144,6 +154,16 @@ def test_decode_step_matches_reference(kind, name, one_launch):
 @pytest.mark.parametrize("one_launch", [True, False])
 def test_rows_flushing_on_different_steps(kind, name, one_launch):
     _run(kind, _small_L(PRESETS[name]), stagger=True, one_launch=one_launch)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "fp8-read/fp32"])
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_stale_ring_records_are_never_read(kind, name, one_launch):
+    """Ring records at or past the cursor hold NaN before every step: the output and state
+    still match the reference. A one-launch step loads the ring before its cursor arrives
+    and must drop those records, not multiply them by zero weights."""
+    _run(kind, _small_L(PRESETS[name]), stagger=True, poison_ring=True, one_launch=one_launch)
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
