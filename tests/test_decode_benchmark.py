@@ -59,7 +59,8 @@ def test_time_variants_jobs_files(tmp_path):
                  "tune_r88_jobs_fp32_flush_grid.json", "tune_r89_jobs_m2_fp32_flush_regs.json",
                  "tune_r90_jobs_batch1.json", "tune_r92_jobs_one_launch.json",
                  "tune_r94_jobs_batch1.json", "tune_r97_jobs_batch1.json",
-                 "tune_r97_jobs_batch4.json"):
+                 "tune_r97_jobs_batch4.json", "tune_r99_jobs_evict.json",
+                 "tune_r101_jobs_batch1.json", "tune_r101_jobs_batch4.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
         assert jobs and all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
     assert mod.preset_config("replay-fp32@L8").L == 8
