@@ -7,6 +7,10 @@ Run it once per checkout to compare two of them on the same GPU, e.g.
         --root /tmp/old --tag old
     python benchmarks/time_variants.py --jobs reports/kernels/tune_r40_jobs_new.json
 
+Then ``--compare OLD.log NEW.log`` pairs the two runs' lines and prints a Markdown table: each
+variant's window (or flush) time in both, the change, and its ratio to the conventional FP32
+step of the same shape, batch and run when the jobs hold one.
+
 A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a preset name,
 optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
 ``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +38,48 @@ def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
     return jobs
 
 
+_LINE = re.compile(r"^(?P<tag>\S+) B=(?P<batch>\d+) (?P<shape>\S+)\s+(?P<preset>\S+)\s+"
+                   r"(?P<knobs>\{.*\})\s+(?:win\s+(?P<win>[\d.]+) nf\s+(?P<nf>[\d.]+) "
+                   r"fl\s+(?P<fl>[\d.]+)|flush\s+(?P<flush>[\d.]+))\s*$")
+
+
+def parse_log(path: str) -> dict[tuple, dict]:
+    """The timed lines of a log this script wrote, keyed by (batch, shape, preset, knobs):
+    ``win``, ``nf``, ``fl`` in us for a window, ``flush`` for a flush; other lines (compile
+    and copy-bandwidth lines, comments) are skipped."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        m = _LINE.match(line)
+        if m:
+            key = (int(m["batch"]), m["shape"], m["preset"], json.dumps(json.loads(m["knobs"])))
+            out[key] = {k: float(m[k]) for k in ("win", "nf", "fl", "flush") if m[k] is not None}
+    return out
+
+
+def compare(old: dict, new: dict) -> str:
+    """A Markdown table of the variants both runs timed: time in each, the change, and the
+    ratio to the conventional FP32 step (preset ``fp32``, no knobs) of the same run."""
+    def conv(run: dict, b: int, shape: str) -> float | None:
+        row = run.get((b, shape, "fp32", "{}"))
+        return row["win"] if row else None
+
+    def time_of(row: dict) -> float:
+        return row["win"] if "win" in row else row["flush"]
+
+    lines = ["| batch | shape | preset | knobs | old us | new us | change | old x conv | new x conv |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key in [k for k in old if k in new]:
+        b, shape, preset, knobs = key
+        t0, t1 = time_of(old[key]), time_of(new[key])
+        ratios = []
+        for run, t in ((old, t0), (new, t1)):
+            c = conv(run, b, shape)
+            ratios.append(f"{c / t:.2f}x" if c and "win" in run[key] else "-")
+        lines.append(f"| {b} | {shape} | {preset} | {knobs} | {t0:.1f} | {t1:.1f} | "
+                     f"{t1 / t0 - 1:+.1%} | {ratios[0]} | {ratios[1]} |")
+    return "\n".join(lines)
+
+
 def preset_config(name: str):
     """The precision config of a preset name, ``name@L<n>`` for another window length."""
     from dataclasses import replace
@@ -47,7 +94,9 @@ def preset_config(name: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", required=True, help="JSON list of [shape, preset, knobs, mode]")
+    ap.add_argument("--jobs", help="JSON list of [shape, preset, knobs, mode]")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD_LOG", "NEW_LOG"),
+                    help="no timing: pair two logs of this script and print a Markdown table")
     ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]),
                     help="checkout whose replayssm_quant and benchmarks/decode.py are timed")
     ap.add_argument("--tag", default="new", help="label printed on every line")
@@ -58,6 +107,14 @@ def main(argv=None) -> int:
                     help="afterwards, print the resident programs per SM each persistent flush "
                          "kernel was launched with (one line per specialization)")
     args = ap.parse_args(argv)
+    if args.compare:
+        old, new = (parse_log(p) for p in args.compare)
+        if not any(k in new for k in old):
+            raise SystemExit(f"{args.compare[0]} and {args.compare[1]} share no timed variant")
+        print(compare(old, new))
+        return 0
+    if not args.jobs:
+        ap.error("--jobs is required unless --compare is given")
     jobs = load_jobs(args.jobs)
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))

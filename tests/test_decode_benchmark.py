@@ -135,3 +135,30 @@ def test_measure_times_steps_without_a_window_as_a_window(monkeypatch):
     m = mod.measure(tiny, 2, PRESETS["fp32"], 1, device="cpu")
     assert m["window_us"] > 0 and m["window_us"] == m["flush_us"]
     assert sorted(set(seen)) == list(range(mod.CONV_STEPS))
+
+
+def test_time_variants_compare_pairs_two_committed_logs(capsys):
+    """``--compare`` reads two logs of time_variants.py (the committed batch-1 A/B of the
+    relaxed counter), pairs their variants and gives each one's ratio to the conventional step
+    of its own run; logs with nothing in common are refused."""
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("time_variants",
+                                                  ROOT / "benchmarks" / "time_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kdir = ROOT / "reports" / "kernels"
+    old = mod.parse_log(str(kdir / "tune_r101_relaxed_b1_old.log"))
+    new = mod.parse_log(str(kdir / "tune_r101_relaxed_b1_new.log"))
+    assert len(old) == len(new) == 16
+    key = (1, "qwen3.5-4b", "replay-fp32", "{}")
+    assert old[key]["win"] == 4.4 and new[key]["win"] == 4.0 and new[key]["fl"] == 5.0
+    assert mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
+                     str(kdir / "tune_r101_relaxed_b1_new.log")]) == 0
+    table = capsys.readouterr().out
+    assert "| 1 | qwen3.5-4b | replay-fp32 | {} | 4.4 | 4.0 | -9.1% | 0.95x | 1.00x |" in table
+    flushes = mod.parse_log(str(kdir / "tune_r40_readcopy_flush_ab.log"))  # flush-mode lines
+    assert flushes and any(set(v) == {"flush"} for v in flushes.values())
+    with pytest.raises(SystemExit):
+        mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
+                  str(kdir / "tune_r99_evict_old.log")])
