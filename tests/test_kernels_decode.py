@@ -635,6 +635,24 @@ def test_lut_decode_matches_reference(kind):
     _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), steps=3, lut=True)
 
 
+@pytest.mark.parametrize("mode", ["words", "e4m3"])
+def test_mamba2_nvfp4_decodes_match_reference(mode):
+    """Both NVFP4 decodes of the Mamba-2 non-flush step (``nvfp4_decode``: through E4M3 bytes,
+    the default, or fp32 bit patterns) read the same values, for a read copy and for an NVFP4
+    checkpoint, with a NaN input; an unknown mode is refused."""
+    for name in ("nvfp4-read/fp16-sr", "shared-nvfp4"):
+        cfg = _small_L(PRESETS[name])
+        _run("mamba2", cfg, stagger=True, nvfp4_decode=mode)
+        ref, ker = _run("mamba2", cfg, steps=4, nan_at=1, nvfp4_decode=mode)
+        assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+    cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))
+    x, dt = torch.randn(1, 4, 16), torch.rand(1, 4)
+    A, B = -torch.rand(4), torch.randn(1, 2, 32)
+    with pytest.raises(ValueError, match="nvfp4_decode must be one of"):
+        mamba2_decode_step(cache, x, dt, A, B, B, None, torch.zeros(1, dtype=torch.int32),
+                           nvfp4_decode="lut")
+
+
 def test_default_decode_builds_no_table():
     """Without ``lut`` the kernels get a placeholder pointer: the first decode step copies
     nothing from host memory, so it may run inside a CUDA-graph capture."""

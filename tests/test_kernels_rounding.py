@@ -188,6 +188,45 @@ def test_nvfp4_rows_dot_matches_float64(vec_scale):
 
 
 @triton.jit
+def _rows_dot_one_kernel(p_ptr, rs_ptr, bs_ptr, va_ptr, ya_ptr, BR: tl.constexpr, N: tl.constexpr,
+                         E4M3: tl.constexpr):
+    rows = tl.arange(0, BR)
+    ya, _ = rows_dot(p_ptr, rs_ptr, bs_ptr, rows, rows < BR, va_ptr, va_ptr, va_ptr,
+                     4, BR, N, False, False, E4M3=E4M3)
+    tl.store(ya_ptr + rows, ya)
+
+
+@pytest.mark.parametrize("e4m3", [True, False])
+@pytest.mark.parametrize("vec_scale", [1.0, 3e30, 1e-30, 2.0 ** -140, 0.0, "inf", "nan"])
+def test_nvfp4_rows_dot_one_vector_matches_float64(vec_scale, e4m3):
+    """The one-vector NVFP4 row dot of the Mamba-2 non-flush step, both decodes (through E4M3
+    bytes, ``e2m1_words_fp16``, and fp32 bit patterns): the float64 dot of the dequantized
+    rows up to float32 rounding over the vector's whole float range, inf / NaN propagated."""
+    g = torch.Generator().manual_seed(11)
+    BR, n = 8, 64
+    x = torch.randn(BR, n, generator=g) * torch.logspace(-3, 3, BR)[:, None]
+    x[0, :16] = torch.tensor([*F.E2M1_VALUES, *(-v for v in F.E2M1_VALUES)])  # every code
+    q = F.quantize(x, "nvfp4")
+    S = F.dequantize(q).double()
+    va = torch.randn(n, generator=g)
+    if isinstance(vec_scale, str):
+        va[5] = float(vec_scale)
+    else:
+        va = va * vec_scale
+    y = torch.full((BR,), -7.0)  # poisoned
+    _rows_dot_one_kernel[(1,)](q.data.contiguous(), q.row_scale.contiguous(),
+                               q.block_scale.contiguous(), va, y, BR=BR, N=n, E4M3=e4m3)
+    want = S @ va.double()
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isnan(y), torch.isnan(want))
+    assert torch.equal(y[~fin & ~torch.isnan(want)], want[~fin & ~torch.isnan(want)].float())
+    mag = (S.abs() @ va.double().abs())[fin]
+    eff = (q.block_scale.double() * q.row_scale.double()[:, None]).amax(1)[fin]
+    tol = 1e-6 * mag + n * 2.0 ** -148 * eff + 4 * 2.0 ** -149
+    assert ((y[fin].double() - want[fin]).abs() <= tol).all(), (y, want)
+
+
+@triton.jit
 def _rows_dot_fp32_kernel(s_ptr, va_ptr, vb_ptr, ya_ptr, yb_ptr, nrows,
                           BR: tl.constexpr, N: tl.constexpr):
     rows = tl.arange(0, BR)

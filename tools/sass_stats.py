@@ -209,7 +209,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
         sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
-                      HAS_D=True, BP=block, LUT=False,
+                      HAS_D=True, BP=block, LUT=False, E4M3=src == FMT_CODES["nvfp4"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, **one)
         return km._mamba2_nonflush_kernel, sig, consts

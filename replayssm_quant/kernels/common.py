@@ -566,10 +566,48 @@ def e2m1_lut_value(code, lut_ptr):
     return tl.load(lut_ptr + code)
 
 
+# Triton's interpreter runs no inline PTX: there the E4M3 decode is computed in plain ops
+_PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+
+
+@triton.jit
+def e2m1_words_fp16(x):
+    """NVFP4 words (int32, each repeated over its word's eight positions: x[.., 8 w + p] =
+    word w) -> fp16 (.., 8 w + p) = E2M1 value of nibble ``e2m1_word_nibble(p)`` times 2^-6.
+
+    On the GPU one PTX block per word: seven integer operations place the eight nibbles
+    into E4M3 bytes (sign to bit 7, exponent and mantissa bits to bits 2-4, so the byte's
+    value is the E2M1 value times 2^-6, code 1 the subnormal 2^-7), the low nibbles' bytes
+    in one register and the high nibbles' in another, and four hardware fp8 -> fp16x2
+    conversions unpack them; byte order makes the positions hold nibbles 0, 2, 4, 6, 1, 3,
+    5, 7. Against ``e2m1_word_scaled`` (three integer operations per element) the integer
+    pipe, which bounds an NVFP4 non-flush step, does less than half the work."""
+    if _PTX:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi, t; .reg .b16 a0, a1, a2, a3;\n"
+            "shl.b32 lo, $4, 4; and.b32 lo, lo, 0x80808080;\n"
+            "shl.b32 t, $4, 2; and.b32 t, t, 0x1C1C1C1C; or.b32 lo, lo, t;\n"
+            "and.b32 hi, $4, 0x80808080; shr.b32 t, $4, 2; and.b32 t, t, 0x1C1C1C1C;\n"
+            "or.b32 hi, hi, t; mov.b32 {a0, a1}, lo; mov.b32 {a2, a3}, hi;\n"
+            "cvt.rn.f16x2.e4m3x2 $0, a0; cvt.rn.f16x2.e4m3x2 $1, a1;\n"
+            "cvt.rn.f16x2.e4m3x2 $2, a2; cvt.rn.f16x2.e4m3x2 $3, a3; }",
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [x], dtype=tl.float16, is_pure=True, pack=8)
+    else:
+        nib = e2m1_word_nibble(tl.arange(0, x.shape[len(x.shape) - 1]) % 8)
+        return (e2m1_value((x >> (4 * nib)) & 15) * 0.015625).to(tl.float16)
+
+
+@triton.jit
+def e2m1_word_nibble(pos):
+    """The nibble of a word that ``e2m1_words_fp16`` puts at position ``pos`` (0..7)."""
+    return 2 * (pos % 4) + pos // 4
+
+
 @triton.jit
 def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_ptr,
              FMT: tl.constexpr, BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,
-             LUT: tl.constexpr, scales_ptr=None, PRESCALED: tl.constexpr = False):
+             LUT: tl.constexpr, scales_ptr=None, PRESCALED: tl.constexpr = False,
+             E4M3: tl.constexpr = False):
     """(S @ va, S @ vb) for BR stored state rows (``vb`` only when TWO), fp32 throughout.
 
     NVFP4 rows are never dequantized as a tile: the per-16 block scale multiplies each
@@ -577,7 +615,9 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
     int32 words as value * 2^-126 (``e2m1_word_scaled``) against a vector prescaled by a power
     of two (``pow2_prescale``); LUT reads each nibble's value from a 16-entry table instead.
     With PRESCALED the prescales come from ``scales_ptr`` (``s_a, c_a[, s_b, c_b]``, formed by
-    the ring-products launch) instead of a reduction over each vector here."""
+    the ring-products launch) instead of a reduction over each vector here. E4M3 (one
+    vector only) decodes the words through E4M3 bytes (``e2m1_words_fp16``) against the
+    vector's entries in the same order (prescaled the same way)."""
     if FMT == 4:
         NB: tl.constexpr = N // 16
         blk = tl.arange(0, NB)
@@ -598,6 +638,25 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
                 pb = tl.sum(lo * be[None] + hi * bo[None], axis=2)
             else:
                 pb = pa
+        elif E4M3:  # one vector: decoded through E4M3 bytes (``e2m1_words_fp16``)
+            tl.static_assert(not TWO, "rows_dot: the E4M3 decode serves one vector")
+            WN: tl.constexpr = N // 8
+            wi = tl.arange(0, WN)
+            w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
+                        mask=mask_r[:, None], other=0, eviction_policy=STREAM)
+            w2 = tl.join(w, w)
+            v = e2m1_words_fp16(tl.reshape(tl.join(tl.join(w2, w2), tl.join(w2, w2)), (BR, N)))
+            if PRESCALED:
+                sa = tl.load(scales_ptr)
+                ca = tl.load(scales_ptr + 1)
+            else:
+                sa, ca = pow2_prescale(va_ptr, N)
+            f = tl.arange(0, N)
+            va = tl.load(va_ptr + (f // 8) * 8 + e2m1_word_nibble(f % 8)).to(tl.float32) * sa
+            # the values are E2M1 * 2^-6, the vector * sa: ca * 2^-120 = 2^6 / sa undoes both
+            pa = tl.sum(tl.reshape(v.to(tl.float32) * va[None, :], (BR, NB, 16)), axis=2) * (
+                ca * 7.52316384526264e-37)
+            pb = pa
         else:
             # each thread reads 16-byte runs of int32 words; nibble i of word wi is element
             # 8 wi + i, and two consecutive words are one block

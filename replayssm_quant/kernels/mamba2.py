@@ -202,13 +202,14 @@ def _nonflush_rows(p, mp, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
                    s_srcbs, xr_ptr, s_xr, lut_ptr, scales_ptr,
                    H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
                    CAP: tl.constexpr, SRC_FMT: tl.constexpr, HAS_D: tl.constexpr,
-                   BP: tl.constexpr, LUT: tl.constexpr, PRESCALED: tl.constexpr):
+                   BP: tl.constexpr, LUT: tl.constexpr, PRESCALED: tl.constexpr,
+                   E4M3: tl.constexpr):
     """The non-flush output of head-dim rows ``p`` (BP of them, ``mp`` valid): y from the read
     source and the ring, then this token's x appended to the ring."""
     sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                      src_bs_ptr + slot * s_srcbs, h * P + p, mp,
                      C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT,
-                     scales_ptr, PRESCALED)
+                     scales_ptr, PRESCALED, E4M3)
     x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
     xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                  mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
@@ -233,7 +234,7 @@ def _mamba2_nonflush_kernel(
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
     TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False, BP2: tl.constexpr = 0,
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
-    RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False,
+    RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, E4M3: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
@@ -278,13 +279,13 @@ def _mamba2_nonflush_kernel(
             _nonflush_rows(p, p < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
                            x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
                            s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, scales, H, P, N, G, CAP,
-                           SRC_FMT, HAS_D, BP, LUT, not FUSED_PREP)
+                           SRC_FMT, HAS_D, BP, LUT, not FUSED_PREP, E4M3)
             if BP2 > 0:
                 p2 = BP + tl.arange(0, BP2)
                 _nonflush_rows(p2, p2 < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
                                x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr,
                                s_src, s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, scales, H, P, N,
-                               G, CAP, SRC_FMT, HAS_D, BP2, LUT, not FUSED_PREP)
+                               G, CAP, SRC_FMT, HAS_D, BP2, LUT, not FUSED_PREP, E4M3)
             if pt == 0:
                 tl.store(dtr_ptr + slot * s_dtr + h * CAP + c, dt)
                 if h % HPG == 0:
@@ -481,6 +482,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        fuse_advance: bool = True, fuse_prep: bool | None = None,
                        maxnreg: int | None = None, flush_maxnreg: int | None = None,
                        whole_head: bool | None = None, one_launch: bool | None = None,
+                       nvfp4_decode: str | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -500,12 +502,16 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     launch: conventional programs and flushing rows' programs do their work on the step's
     tiles (records folded one by one, so the flush knobs do not apply) and the last program
     to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
+    ``nvfp4_decode`` picks how a non-flush step decodes an NVFP4 source (``NVFP4_DECODES``;
+    default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead.
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
                               advance=advance, out=out)
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
     cfg = cache.cfg
+    e4m3 = (_nvfp4_decode(nvfp4_decode) == "e4m3" and not lut
+            and (cache.read or cache.ckpt).fmt == "nvfp4")
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     ol = resolve_one_launch(one_launch, Bsz, (
@@ -556,7 +562,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
         BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, BP2=BP2, ONE_LAUNCH=ol, ADVANCE=ticket,
 
-        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, E4M3=e4m3,
         num_warps=num_warps or kw, **register_cap(maxnreg))
     if ol:
         if advance and not ticket:
@@ -580,6 +586,27 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
     return y
+
+
+NVFP4_DECODES = ("e4m3", "words")
+
+
+def _nvfp4_decode(mode: str | None) -> str:
+    """How a Mamba-2 non-flush step decodes its NVFP4 source: ``"e4m3"`` (default: each
+    int32 word's nibbles placed into E4M3 bytes, then the hardware's fp8 -> fp16
+    conversion, ``common.e2m1_words_fp16``) or ``"words"`` (three integer operations per
+    element into fp32 bit patterns, ``common.e2m1_word_scaled``). Measured on the H200 at
+    batch 256: the NVFP4 non-flush step on Nemotron-3-Nano-4B 90.7 -> 76.3 us, Super 81.1 ->
+    75.8 us in one A/B run (reports/kernels/tune_r103_decode_*.log), 80-91 -> 74-85 us across
+    every NVFP4 preset against the previous sweep (decode_r105 against decode_r100); at batch
+    1 the NVFP4 + FP16-SR window on Super 4.8 -> 4.6 us (tune_r104_b1_*.log). GDN's steps,
+    which dot each row with two vectors, keep ``"words"``: there the decoded tile held for
+    both products made Qwen3.5-4B's step 63.2 -> 70.7 us even in 64-column chunks
+    (tune_r104_gdn_*.log)."""
+    mode = mode or "e4m3"
+    if mode not in NVFP4_DECODES:
+        raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
+    return mode
 
 
 def mamba2_tile_first(capacity: int, P: int, block_p: int, narrow: bool = True) -> bool:
