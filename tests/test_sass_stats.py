@@ -64,6 +64,23 @@ def test_compiles_an_emulator_kernel_for_sm90():
     assert s["main_loop"]["local_memory"] == 0
 
 
+def test_e4m3_nvfp4_decode_assembles_for_sm90():
+    """The Mamba-2 non-flush step's inline-PTX NVFP4 decode (``nvfp4_decode="e4m3"``), which
+    the interpreter never runs, assembles for sm_90 with ptxas and takes fewer instructions
+    than the fp32-bit-pattern decode; only it converts fp16 to fp32 (HADD2)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = {}
+    for mode in ("e4m3", "words"):
+        out = subprocess.run([sys.executable, str(TOOL), "mamba2-nonflush", "--preset",
+                              "nvfp4-read/fp32", "--block", "16", "--warps", "1",
+                              "--nvfp4-decode", mode, "--json"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        res[mode] = json.loads(out.stdout)["kernel"]
+    assert res["e4m3"]["instructions"] < res["words"]["instructions"]
+    assert "HADD2" in res["e4m3"]["top_ops"] and "HADD2" not in res["words"]["top_ops"]
+
+
 def test_compiles_with_the_launch_specialization():
     """Pointers and integers a launch marks divisible by 16 (not the ``do_not_specialize``
     ones) get ``tt.divisibility = 16``, as Triton's JIT gives them; every target resolves,

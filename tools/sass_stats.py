@@ -83,11 +83,13 @@ def _verify_precision(precision: str, src_fmt: int) -> dict:
 
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
-           fold: str = "dot", precision: str | None = None, one_launch: bool = False) -> tuple:
+           fold: str = "dot", precision: str | None = None, one_launch: bool = False,
+           nvfp4_decode: str = "e4m3") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset. ``precision``: the
     verify products' dot_precision (default bf16x3) or the flush fold's (default ieee).
     ``one_launch``: the non-flush / conventional step as one launch per step (flushing rows
-    flush in the step, the last program advances the cursors)."""
+    flush in the step, the last program advances the cursors). ``nvfp4_decode``: how a
+    mamba2-nonflush step decodes an NVFP4 source (``mamba2.NVFP4_DECODES``)."""
     one = dict(ONE_LAUNCH=one_launch, ADVANCE=one_launch, CK_FMT=_fmt(PRESETS[preset].ckpt),
                RD_FMT=_fmt(PRESETS[preset].read), SR=PRESETS[preset].uses_sr)
     cfg = PRESETS[preset]
@@ -209,7 +211,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
         sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
-                      HAS_D=True, BP=block, LUT=False, E4M3=src == FMT_CODES["nvfp4"],
+                      HAS_D=True, BP=block, LUT=False,
+                      E4M3=nvfp4_decode == "e4m3" and src == FMT_CODES["nvfp4"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, **one)
         return km._mamba2_nonflush_kernel, sig, consts
@@ -410,6 +413,8 @@ def main() -> None:
                          "flush targets: the fold's flush_precision (default ieee)")
     ap.add_argument("--fold", choices=["dot", "records"], default="dot",
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")
+    ap.add_argument("--nvfp4-decode", choices=list(km.NVFP4_DECODES), default="e4m3",
+                    help="mamba2-nonflush: how an NVFP4 source is decoded (the step's nvfp4_decode)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
                     help="also the N source lines with the most barriers / spills in the main "
@@ -423,7 +428,7 @@ def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
-                             fold=a.fold, one_launch=a.one_launch)
+                             fold=a.fold, one_launch=a.one_launch, nvfp4_decode=a.nvfp4_decode)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
     if a.json:
         print(json.dumps(s, indent=1))
