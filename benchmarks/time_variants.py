@@ -14,7 +14,8 @@ step of the same shape, batch and run when the jobs hold one.
 A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a preset name,
 optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
 ``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
-``"window"`` or ``"flush"``.
+``"window"``, ``"flush"`` or ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
+go to the verify, e.g. ``{"pdl": true}``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import re
 import sys
 from pathlib import Path
 
-MODES = ("window", "flush")
+MODES = ("window", "flush", "verify")
+VERIFY_T = 8
 
 
 def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
@@ -40,7 +42,7 @@ def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
 
 _LINE = re.compile(r"^(?P<tag>\S+) B=(?P<batch>\d+) (?P<shape>\S+)\s+(?P<preset>\S+)\s+"
                    r"(?P<knobs>\{.*\})\s+(?:win\s+(?P<win>[\d.]+) nf\s+(?P<nf>[\d.]+) "
-                   r"fl\s+(?P<fl>[\d.]+)|flush\s+(?P<flush>[\d.]+))\s*$")
+                   r"fl\s+(?P<fl>[\d.]+)|(?:flush|verify)\s+(?P<flush>[\d.]+))\s*$")
 
 
 def parse_log(path: str) -> dict[tuple, dict]:
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     sys.path.insert(0, str(root / "benchmarks"))
-    from decode import copy_bandwidth, measure, measure_flush, precompile
+    from decode import copy_bandwidth, measure, measure_flush, measure_verify, precompile
 
     from replayssm_quant.precision import SHAPES
 
@@ -133,13 +135,19 @@ def main(argv=None) -> int:
     unknown = [j for j in jobs if j[0] not in SHAPES or not known(j[1])]
     if unknown:
         raise SystemExit(f"unknown shape or preset in {unknown}")
-    precompile([(s, preset_config(c), kw, 0, "cuda") for s, c, kw, _ in jobs], args.workers)
+    precompile([(s, preset_config(c), {"verify": kw} if mode == "verify" else kw,
+                 VERIFY_T if mode == "verify" else 0, "cuda") for s, c, kw, mode in jobs],
+               args.workers)
     print(f"{args.tag} copy {copy_bandwidth() / 1e12:.3f} TB/s", flush=True)
     for s, c, kw, mode in jobs:
         head = f"{args.tag} B={args.batch} {s:22s} {c:20s} {json.dumps(kw):50s}"
         if mode == "flush":
             t = measure_flush(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **kw)
             print(f"{head} flush {t:8.1f}", flush=True)
+        elif mode == "verify":
+            t = measure_verify(SHAPES[s], args.batch, preset_config(c), VERIFY_T, args.reps,
+                               device="cuda", **kw)
+            print(f"{head} verify {t:8.1f}", flush=True)
         else:
             m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **kw)
             print(f"{head} win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "

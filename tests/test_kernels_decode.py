@@ -237,6 +237,52 @@ def test_ring_products_launch_or_fused(kind, fuse_prep):
         _run(kind, _small_L(PRESETS[name]), stagger=True, fuse_prep=fuse_prep, one_launch=False)
 
 
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("fuse_prep", [False, True])
+def test_programmatic_launch_matches_reference(kind, fuse_prep):
+    """The kernels built for programmatic dependent launch (``pdl=True``: the non-flush
+    programs read the ring products after their state product and a wait, Mamba-2's NVFP4
+    prescales formed in the program, the flush waits first), with and without the
+    ring-products launch: the same outputs, counters and states as the reference, rows
+    flushing on different steps. The GDN read-copy presets take the UT-transform flush."""
+    for name in ("replay-fp32", "nvfp4-read/fp16-sr", "nvfp4-read/fp32"):
+        _run(kind, _small_L(PRESETS[name]), stagger=True, fuse_prep=fuse_prep, one_launch=False,
+             pdl=True)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_early_loads_match_reference(kind, one_launch):
+    """``early_loads=True``: the non-flush output formed before the cursor is known, from all
+    of the ring's records with the stale ones selected away, here NaN-poisoned: the same
+    outputs, counters and states as the reference, rows flushing on different steps, in one
+    launch (flushing rows then discard it) and with the separate launches."""
+    for name in ("replay-fp32", "nvfp4-read/fp16-sr"):
+        _run(kind, _small_L(PRESETS[name]), stagger=True, one_launch=one_launch,
+             early_loads=True, poison_ring=True)
+
+
+def test_programmatic_launch_choice():
+    """``pdl`` defaults to what the device has (none off CUDA) up to the measured batch;
+    asked for on the interpreter's CPU tensors it builds the same kernels, whose waits are
+    no-ops there; a string names one launch edge, anything else is refused."""
+    from replayssm_quant.kernels.mamba2 import (
+        PDL_MAX_BATCH,
+        pdl_default,
+        pdl_edges_of,
+        resolve_pdl,
+    )
+
+    cpu = torch.device("cpu")
+    assert resolve_pdl(None, cpu, 8) is False
+    assert resolve_pdl(True, cpu) is True and resolve_pdl(False, cpu) is False
+    assert resolve_pdl("prep", cpu) is True and pdl_edges_of("prep") == ("prep",)
+    assert pdl_edges_of(None) == pdl_edges_of(True) == ("prep", "flush")
+    assert pdl_default(PDL_MAX_BATCH) and not pdl_default(PDL_MAX_BATCH + 1)
+    with pytest.raises(ValueError, match="pdl"):
+        resolve_pdl("both", cpu)
+
+
 @pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "nvfp4-read/fp32"])
 @pytest.mark.parametrize("g_value", [-30.0, -1.0e4, float("-inf")])
 @pytest.mark.parametrize("fold", ["records", "dot"])

@@ -26,16 +26,19 @@ def _through(a: dict, act: torch.dtype, *keys: str) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
-@pytest.mark.parametrize("name,L,chunk,act,tile_first", [
-    ("replay-fp32", 4, 16, torch.float32, False), ("nvfp4-read/fp16-sr", 4, 32, torch.float32, True),
-    ("shared-fp8", 4, 16, torch.float32, False), ("replay-fp32", 19, 32, torch.float32, False),
-    ("replay-fp32", 4, 16, BF16, True), ("nvfp4-read/fp16-sr", 4, 32, BF16, False),
-    ("shared-fp8", 4, 16, BF16, False), ("fp16-sr/L", 4, 16, BF16, False)])
-def test_verify_commit_matches_reference(kind, name, L, chunk, act, tile_first):
+@pytest.mark.parametrize("name,L,chunk,act,tile_first,pdl", [
+    ("replay-fp32", 4, 16, torch.float32, False, False),
+    ("nvfp4-read/fp16-sr", 4, 32, torch.float32, True, True),
+    ("shared-fp8", 4, 16, torch.float32, False, False),
+    ("replay-fp32", 19, 32, torch.float32, False, True),
+    ("replay-fp32", 4, 16, BF16, True, False), ("nvfp4-read/fp16-sr", 4, 32, BF16, False, True),
+    ("shared-fp8", 4, 16, BF16, False, False), ("fp16-sr/L", 4, 16, BF16, False, False)])
+def test_verify_commit_matches_reference(kind, name, L, chunk, act, tile_first, pdl):
     """Chunk 16 splits the state product in two; L = 19 puts more than 16 committed records
     in front of the drafts (two record chunks); bf16 activations take the exact bf16-split
     state product (``split_dot``: three pieces for fp32, two for fp16, one for fp8 / NVFP4);
-    ``tile_first`` launches the (tiles, heads, rows) grid."""
+    ``tile_first`` launches the (tiles, heads, rows) grid; ``pdl`` the kernels built for a
+    programmatic launch (products read after the wait)."""
     if name == "fp16-sr/L":  # an fp16-SR checkpoint read directly (two bf16 pieces)
         cfg = replace(PRESETS["nvfp4-read/fp16-sr"], read=None, L=L)
     else:
@@ -62,7 +65,7 @@ def test_verify_commit_matches_reference(kind, name, L, chunk, act, tile_first):
             y_ref = mamba2.verify(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
             y = mamba2_verify(cache, a["x"].to(act), a["dt"], a["A"], a["Bm"].to(act),
                               a["C"].to(act), a["D"], SLOTS, block_p=16, chunk=chunk,
-                              dot_precision=prec, tile_first=tile_first)
+                              dot_precision=prec, tile_first=tile_first, pdl=pdl)
             mamba2.commit(ref, acc, SLOTS, a["A"])
             mamba2_commit(cache, acc, a["A"], SLOTS)
         else:
@@ -70,7 +73,7 @@ def test_verify_commit_matches_reference(kind, name, L, chunk, act, tile_first):
             y_ref = gdn.verify(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
             y = gdn_verify(cache, a["q"].to(act), a["k"].to(act), a["v"].to(act), a["g"],
                            a["beta"], SLOTS, block_v=16, chunk=chunk, dot_precision=prec,
-                           tile_first=tile_first)
+                           tile_first=tile_first, pdl=pdl)
             gdn.commit(ref, acc, SLOTS)
             gdn_commit(cache, acc, SLOTS)
         v = SLOTS >= 0

@@ -81,6 +81,26 @@ def test_e4m3_nvfp4_decode_assembles_for_sm90():
     assert "HADD2" in res["e4m3"]["top_ops"] and "HADD2" not in res["words"]["top_ops"]
 
 
+@pytest.mark.parametrize("name,preset,block,waits,releases", [
+    ("mamba2-nonflush", "replay-fp32", 64, 1, 1), ("gdn-flush", "replay-fp32", 32, 1, 0),
+    ("gdn-verify-prep", "replay-fp32", 16, 0, 1)])
+def test_programmatic_launch_assembles_for_sm90(name, preset, block, waits, releases):
+    """With ``--pdl`` the kernels carry the ``griddepcontrol`` instructions, which the
+    interpreter never runs: ptxas assembles them for sm_90 (ACQBULK waits, PREEXIT releases),
+    and without it they carry none."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for pdl in (True, False):
+        out = subprocess.run([sys.executable, str(TOOL), name, "--preset", preset, "--block",
+                              str(block), "--warps", "1", "--json"] + (["--pdl"] if pdl else []),
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        k = json.loads(out.stdout)["kernel"]
+        assert (k["grid_waits"] >= waits and k["grid_releases"] >= releases) if pdl else \
+            (k["grid_waits"] == 0 and k["grid_releases"] == 0)
+        if pdl:  # every wait the kernel was built with is there, and no release it was not
+            assert (k["grid_waits"] > 0) == (waits > 0) and (k["grid_releases"] > 0) == (releases > 0)
+
+
 def test_compiles_with_the_launch_specialization():
     """Pointers and integers a launch marks divisible by 16 (not the ``do_not_specialize``
     ones) get ``tt.divisibility = 16``, as Triton's JIT gives them; every target resolves,

@@ -84,12 +84,14 @@ def _verify_precision(precision: str, src_fmt: int) -> dict:
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
            fold: str = "dot", precision: str | None = None, one_launch: bool = False,
-           nvfp4_decode: str = "e4m3") -> tuple:
+           nvfp4_decode: str = "e4m3", pdl: bool = False) -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset. ``precision``: the
     verify products' dot_precision (default bf16x3) or the flush fold's (default ieee).
     ``one_launch``: the non-flush / conventional step as one launch per step (flushing rows
     flush in the step, the last program advances the cursors). ``nvfp4_decode``: how a
-    mamba2-nonflush step decodes an NVFP4 source (``mamba2.NVFP4_DECODES``)."""
+    mamba2-nonflush step decodes an NVFP4 source (``mamba2.NVFP4_DECODES``). ``pdl``: the
+    decode steps' and verifies' launches as programmatic dependent launches (their
+    ``griddepcontrol`` waits and releases)."""
     one = dict(ONE_LAUNCH=one_launch, ADVANCE=one_launch, CK_FMT=_fmt(PRESETS[preset].ckpt),
                RD_FMT=_fmt(PRESETS[preset].read), SR=PRESETS[preset].uses_sr)
     cfg = PRESETS[preset]
@@ -130,7 +132,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       CAP=cap, LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block,
                       KC=km.verify_chunk(K, chunk), LOG_TB2=tb2.bit_length() - 1,
-                      **_verify_precision(precision, rd if rd != FMT_NONE else ck))
+                      PDL=pdl, **_verify_precision(precision, rd if rd != FMT_NONE else ck))
         return kg._gdn_verify_kernel, sig, consts
     if name == "gdn-verify-prep":  # Qwen3.5-4B's GDN layer: the drafts' key / query products
         cap = max(cfg.L, 2) + T - 1
@@ -139,7 +141,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_kr="i64", **_sig("cur_ptr kd_ptr", types, "*fp32"))
         consts = dict(T=T, TB2=max(16, triton.next_power_of_2(2 * T)), HK=16, K=128, CAP=cap,
                       LB=max(16, triton.next_power_of_2(cap)), KC=km.verify_chunk(128, chunk),
-                      PREC=precision)
+                      PREC=precision, PDL=pdl)
         return kg._gdn_verify_prep_kernel, sig, consts
     if name == "mamba2-verify-prep":  # Nemotron-3-Super's Mamba-2 layer: the drafts' C . B
         cap = max(cfg.L, 2) + T - 1
@@ -149,7 +151,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_Br="i64", **_sig("cur_ptr cb_ptr", types, "*fp32"))
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), G=8, N=128, CAP=cap,
                       LB=max(16, triton.next_power_of_2(cap)), KC=km.verify_chunk(128, chunk),
-                      PREC=precision)
+                      PREC=precision, PDL=pdl)
         return km._mamba2_verify_prep_kernel, sig, consts
     if name == "mamba2-verify":  # Nemotron-3-Super's Mamba-2 layer
         if cfg.L == 1:
@@ -168,7 +170,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G, CAP=cap,
                       LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block,
-                      KC=km.verify_chunk(N, chunk),
+                      KC=km.verify_chunk(N, chunk), PDL=pdl,
                       **_verify_precision(precision, rd if rd != FMT_NONE else ck))
         return km._mamba2_verify_kernel, sig, consts
     if name == "mamba2-flush":  # Nemotron-3-Super's Mamba-2 layer, decode flush at L
@@ -192,7 +194,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
-                      STAGES=km.flush_stages_for(cfg), FOLD_PREC=fold_prec, ADVANCE=True)
+                      STAGES=km.flush_stages_for(cfg), FOLD_PREC=fold_prec, ADVANCE=True, PDL=pdl)
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -214,7 +216,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       HAS_D=True, BP=block, LUT=False,
                       E4M3=nvfp4_decode == "e4m3" and src == FMT_CODES["nvfp4"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
-                      FUSED_PREP=one_launch, BP2=0, **one)
+                      FUSED_PREP=one_launch, BP2=0, PDL=pdl and not one_launch,
+                      FLUSH_PDL=pdl and not one_launch, **one)
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
@@ -233,7 +236,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
-                      TILE_FIRST=False, FUSED_PREP=one_launch, **one)
+                      TILE_FIRST=False, FUSED_PREP=one_launch, PDL=pdl and not one_launch,
+                      FLUSH_PDL=pdl and not one_launch, **one)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
@@ -255,7 +259,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
-                      RECORDS=fold == "records", STAGES=None, FOLD_PREC=fold_prec, ADVANCE=True)
+                      RECORDS=fold == "records", STAGES=None, FOLD_PREC=fold_prec, ADVANCE=True,
+                      PDL=pdl)
         return kg._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:
@@ -299,6 +304,8 @@ def summarize(sass: str) -> dict:
         ops = collections.Counter(_op(ln) for ln in ls)
         return {"instructions": len(ls), "barriers": ops["BAR"],
                 "local_memory": ops["LDL"] + ops["STL"], "shuffles": ops["SHFL"],
+                # griddepcontrol.wait / .launch_dependents (programmatic dependent launch)
+                "grid_waits": ops["ACQBULK"], "grid_releases": ops["PREEXIT"],
                 "top_ops": dict(ops.most_common(8))}
 
     out = {"kernel": counts(lines)}
@@ -424,11 +431,14 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.add_argument("--one-launch", action="store_true",
                     help="step targets as one launch per step (flush and cursor advance inside)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="decode-step and verify targets as programmatic dependent launches")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
-                             fold=a.fold, one_launch=a.one_launch, nvfp4_decode=a.nvfp4_decode)
+                             fold=a.fold, one_launch=a.one_launch, nvfp4_decode=a.nvfp4_decode,
+                             pdl=a.pdl)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
     if a.json:
         print(json.dumps(s, indent=1))

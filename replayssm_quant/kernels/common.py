@@ -13,6 +13,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # A non-flush step's fp8 / NVFP4 read-copy rows are read once per step; marked first to leave
 # L2, they leave the ring records (as large as the copy's rows on Qwen3.5: u in fp32) that
@@ -570,6 +571,33 @@ def e2m1_lut_value(code, lut_ptr):
 _PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
+def programmatic_launch(device: torch.device) -> bool:
+    """Whether launches on ``device`` can overlap the previous launch in their stream
+    (programmatic dependent launch, ``griddepcontrol``: sm_90 and newer)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """With PDL: let the next launch in the stream, if it was launched with programmatic
+    dependent launch, start now instead of when this grid ends (``griddepcontrol
+    .launch_dependents``). Its programs must ``wait_prior_grid`` before they read anything
+    this grid writes."""
+    if PDL:
+        if _PTX:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def wait_prior_grid(PDL: tl.constexpr):
+    """With PDL: block until the previous launch in the stream has finished and its writes
+    are visible (``griddepcontrol.wait``). Under the interpreter programs run one launch after
+    another, so there is nothing to wait for."""
+    if PDL:
+        if _PTX:
+            gdc_wait()
+
+
 @triton.jit
 def e2m1_words_fp16(x):
     """NVFP4 words (int32, each repeated over its word's eight positions: x[.., 8 w + p] =
@@ -716,19 +744,33 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
 
 
 @triton.jit
-def log_decay_suffixes(ptr, n, last, LB: tl.constexpr):
+def log_decay_suffixes(ptr, n, last, LB: tl.constexpr, CAP: tl.constexpr = 0):
     """The n ring log-decays at ``ptr`` (``dt`` or ``g``), zero beyond n, as ``(values, after,
     total, mask)`` over ``arange(LB)``: ``after[j]`` sums the records after j and ``last`` (the
     current token's; 0 for a fold without one), ``total`` all of them. ``after`` is a reverse
     scan of the next records, as the reference's ``suffix_sums``, not ``total - cumsum``: a
     -inf log-decay (a zero decay) then gives zero weights instead of -inf - -inf = NaN, and
-    large sums lose no precision to cancellation."""
+    large sums lose no precision to cancellation. With CAP > 0 (the ring's capacity) the
+    loads cover all CAP records and do not wait for ``n`` (``ring_records``)."""
     j = tl.arange(0, LB)
     mj = j < n
-    d = tl.load(ptr + j, mask=mj, other=0.0)
-    nxt = tl.load(ptr + j + 1, mask=(j + 1) < n, other=0.0)
+    d = ring_records(ptr + j, mj, j < CAP, CAP)
+    nxt = ring_records(ptr + j + 1, (j + 1) < n, (j + 1) < CAP, CAP)
     after = tl.cumsum(tl.where(j + 1 == n, last, nxt), 0, reverse=True)
     return d, after, tl.sum(d, 0) + last, mj
+
+
+@triton.jit
+def ring_records(ptrs, live, exists, CAP: tl.constexpr):
+    """Ring values at ``ptrs``, 0.0 where ``live`` (record before the cursor) is false. With
+    CAP > 0 every existing record (``exists``) is loaded and the stale ones are selected away
+    afterwards (a select, so a stale NaN stays out): the load then need not wait for the
+    cursor that ``live`` is computed from, which at batch 1 is a dependent memory round trip
+    on the step's critical path. CAP = 0 loads the live records only."""
+    if CAP > 0:
+        return tl.where(live, tl.load(ptrs, mask=exists, other=0.0), 0.0)
+    else:
+        return tl.load(ptrs, mask=live, other=0.0)
 
 
 @triton.jit

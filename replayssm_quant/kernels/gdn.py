@@ -26,6 +26,8 @@ from .common import (
     log_decay_suffixes,
     lut_table,
     register_cap,
+    release_dependents,
+    ring_records,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -34,6 +36,7 @@ from .common import (
     step_grid,
     store_rows,
     unit_lower_inverse,
+    wait_prior_grid,
     write_state,
 )
 from .mamba2 import (
@@ -48,8 +51,10 @@ from .mamba2 import (
     flush_list,
     fold_precision,
     fused_prep_default,
+    pdl_edges_of,
     reads_narrow_copy,
     resolve_one_launch,
+    resolve_pdl,
     small_grid_rows,
     split_terms,
     verify_chunk,
@@ -125,15 +130,16 @@ def _recompute_u(S, Kr, Vr, br, gr, gnext, j, LB: tl.constexpr, BV: tl.constexpr
 
 @triton.jit
 def _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK: tl.constexpr,
-                  K: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr, STORE: tl.constexpr):
+                  K: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr, STORE: tl.constexpr,
+                  ECAP: tl.constexpr = 0):
     """``k_j . k`` and ``k_j . q`` for the records j < c of key head hk, and ``k . q``: stored
-    to the ring-products buffer with STORE, else returned."""
+    to the ring-products buffer with STORE, else returned. ECAP as ``ring_records``'s CAP."""
     kk = tl.arange(0, K)
     j = tl.arange(0, LB)
     q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
     k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
-    Kr = tl.load(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
-                 mask=(j < c)[:, None], other=0.0).to(tl.float32)
+    Kr = ring_records(kr_ptr + slot * s_kr + (hk * CAP + j[:, None]) * K + kk[None, :],
+                      (j < c)[:, None], (j < CAP)[:, None], ECAP).to(tl.float32)
     kkt = tl.sum(Kr * k[None, :], axis=1)
     kq = tl.sum(Kr * q[None, :], axis=1)
     kq0 = tl.sum(k * q, axis=0)
@@ -151,7 +157,7 @@ def _gdn_prep_kernel(
     ti_ptr, list_ptr, nrows,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr,
     LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, UT: tl.constexpr,
-    FOLD_PREC: tl.constexpr = "ieee",
+    FOLD_PREC: tl.constexpr = "ieee", PDL: tl.constexpr = False,
 ):
     """Per (row, key head, value head of the key head), once per step: ``k_j . k`` and
     ``k_j . q`` for the buffered keys and ``k . q`` (program r = 0; every value head of a key
@@ -161,10 +167,13 @@ def _gdn_prep_kernel(
     ``M[j, i] = beta_j exp(g_{i+1} + .. + g_j) k_j . k_i`` (i < j): the flush then gets its u's as
     ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1 dependent
     steps. One value head per program keeps the chain of products short at small batch
-    (the grid's third axis is 1 without UT)."""
+    (the grid's third axis is 1 without UT). With PDL the non-flush launch may start at once
+    (``release_dependents``): its ring records go to position c, these products read the
+    records before c."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     r = tl.program_id(2)
+    release_dependents(PDL)
     if (b == 0) & (hk == 0) & (r == 0):
         flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, RB)
     slot = tl.load(slots_ptr + b)
@@ -191,6 +200,52 @@ def _gdn_prep_kernel(
                 tl.store(ti_ptr + (b * HV + h) * (LB * LB) + sq, TI)
 
 
+@triton.jit
+def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                          src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr,
+                          ur_ptr, gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr,
+                          HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
+                          CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
+                          BV: tl.constexpr, LUT: tl.constexpr, FUSED_PREP: tl.constexpr,
+                          PDL: tl.constexpr, ECAP: tl.constexpr):
+    """A non-flush program's ``(o, u, v)`` for value rows ``vt``: S k and S q from the read
+    source in one pass, the key products (formed here with FUSED_PREP, else read from the
+    ring-products launch after ``wait_prior_grid``) and the ring's u's; ECAP as
+    ``ring_records``'s CAP."""
+    RATIO: tl.constexpr = HV // HK
+    hk = h // RATIO
+    j = tl.arange(0, LB)
+    mj = j < c
+    vv = vt * BV + tl.arange(0, BV)
+    mv = vv < V
+    q_row = q_ptr + (b * HK + hk) * K
+    k_row = k_ptr + (b * HK + hk) * K
+    sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                      src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
+                      lut_ptr, SRC_FMT, BV, K, True, LUT)
+    gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
+    beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+    _, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, c, gt, LB, ECAP)
+    dec = tl.where(mj, tl.exp(after), 0.0)  # decay from record j to now
+    if FUSED_PREP:
+        kkt, kq, kq0 = _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c,
+                                     HK, K, CAP, LB, False, ECAP)
+    else:
+        wait_prior_grid(PDL)  # the key products come from the ring-products launch
+        kd = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+        kkt = tl.load(kd + j, mask=mj, other=0.0)
+        kq = tl.load(kd + LB + j, mask=mj, other=0.0)
+        kq0 = tl.load(kd + 2 * LB)
+    v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
+    U = ring_records(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
+                     mj[None, :] & mv[:, None], (j < CAP)[None, :] & mv[:, None], ECAP)
+    G = tl.exp(total)
+    w = G * sk + tl.sum(U * (dec * kkt)[None, :], axis=1)
+    u = beta * (v - w)
+    o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * kq0
+    return o, u, v
+
+
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
 def _gdn_nonflush_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, slots_ptr, o_ptr,
@@ -204,19 +259,23 @@ def _gdn_nonflush_kernel(
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
     TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False,
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
-    RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False,
+    RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, PDL: tl.constexpr = False,
+    FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
-    """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source
-    (S k and S q in one pass) + the ring, then append the record. Flushing rows exit at once:
-    the flush kernel serves them. With FUSED_PREP the program forms its key head's
-    ``k_j . k``, ``k_j . q`` and ``k . q`` itself (program 0 of a key head also stores them
-    for a flushing row's flush) and the first program builds the flush list, so the
-    ring-products launch is skipped. With ONE_LAUNCH (implies FUSED_PREP) the programs of a
-    flushing row flush their own rows instead (``_gdn_flush_rows``, records folded one by
-    one) and, with ADVANCE, each row's last program to finish advances its cursor
-    (``finish_row``): the step is this launch alone."""
+    """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source (S
+    k and S q in one pass) + the ring, then append the record. Flushing rows exit at once: the
+    flush kernel serves them. PDL and FLUSH_PDL as in the Mamba-2 non-flush kernel: the key
+    products are read after ``wait_prior_grid``, once S k and S q are formed. With FUSED_PREP
+    the program forms its key head's ``k_j . k``, ``k_j . q`` and ``k . q`` itself (program 0 of
+    a key head also stores them for a flushing row's flush) and the first program builds the
+    flush list, so the ring-products launch is skipped. With ONE_LAUNCH (implies FUSED_PREP) the
+    programs of a flushing row flush their own rows instead (``_gdn_flush_rows``, records folded
+    one by one) and, with ADVANCE, each row's last program to finish advances its cursor
+    (``finish_row``): the step is this launch alone. EARLY as in the Mamba-2 non-flush
+    kernel: the output's loads are issued before the cursor arrives."""
     RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
+    release_dependents(FLUSH_PDL)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (vt == 0):
             flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
@@ -224,40 +283,29 @@ def _gdn_nonflush_kernel(
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
         fi = tl.load(fi_ptr + slot) + 1 if ONE_LAUNCH else 0
+        if EARLY:  # before the cursor arrives; flushing rows discard the results
+            o, u, v = _gdn_nonflush_outputs(
+                b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr, ur_ptr,
+                gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr, HV, HK, V, K, CAP, LB, SRC_FMT, BV,
+                LUT, FUSED_PREP, PDL, CAP)
         if FUSED_PREP and not ONE_LAUNCH:
             if (c == L - 1) & (vt == 0) & (h % RATIO == 0):
                 _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot, c,
                               HK, K, CAP, LB, True)
         if c != L - 1:
             hk = h // RATIO
-            j = tl.arange(0, LB)
-            mj = j < c
             vv = vt * BV + tl.arange(0, BV)
             mv = vv < V
-            q_row = q_ptr + (b * HK + hk) * K
             k_row = k_ptr + (b * HK + hk) * K
-            sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                              src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
-                              lut_ptr, SRC_FMT, BV, K, True, LUT)
+            if not EARLY:
+                o, u, v = _gdn_nonflush_outputs(
+                    b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr, ur_ptr,
+                    gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr, HV, HK, V, K, CAP, LB, SRC_FMT,
+                    BV, LUT, FUSED_PREP, PDL, 0)
             gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
             beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
-            _, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, c, gt, LB)
-            dec = tl.where(mj, tl.exp(after), 0.0)  # decay from record j to now
-            if FUSED_PREP:
-                kkt, kq, kq0 = _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c,
-                                             HK, K, CAP, LB, False)
-            else:
-                kd = kd_ptr + (b * HK + hk) * (2 * LB + 1)
-                kkt = tl.load(kd + j, mask=mj, other=0.0)
-                kq = tl.load(kd + LB + j, mask=mj, other=0.0)
-                kq0 = tl.load(kd + 2 * LB)
-            v = tl.load(v_ptr + (b * HV + h) * V + vv, mask=mv, other=0.0).to(tl.float32)
-            U = tl.load(ur_ptr + slot * s_ur + (h * CAP + j[None, :]) * V + vv[:, None],
-                        mask=mj[None, :] & mv[:, None], other=0.0)
-            G = tl.exp(total)
-            w = G * sk + tl.sum(U * (dec * kkt)[None, :], axis=1)
-            u = beta * (v - w)
-            o = G * sq + tl.sum(U * (dec * kq)[None, :], axis=1) + u * kq0
             tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
             tl.store(ur_ptr + slot * s_ur + (h * CAP + c) * V + vv, u, mask=mv)
             if RECOMPUTE:
@@ -289,6 +337,7 @@ def _gdn_nonflush_kernel(
                 tl.atomic_add(nan_ptr, nans)
         if ONE_LAUNCH and ADVANCE:
             finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi, L, TILE_FIRST)
+    wait_prior_grid(PDL)  # no program ends before the ring products are written
 
 
 @triton.jit
@@ -417,14 +466,16 @@ def _gdn_flush_kernel(
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
     BVF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
-    FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False,
+    FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
     the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
     exists, folds them and the current token, writes o, the checkpoint and the read copy.
     STAGES (None: Triton's default, the fastest measured) software-pipelines the loop. ADVANCE
-    moves every row's cursor on afterwards, as in the Mamba-2 flush."""
+    moves every row's cursor on afterwards, as in the Mamba-2 flush. With PDL the launch may
+    start before the non-flush launch ends; its programs wait for it first."""
     TILES: tl.constexpr = (V + BVF - 1) // BVF
+    wait_prior_grid(PDL)
     nflush = tl.load(list_ptr)
     nans = tl.zeros((), dtype=tl.int32)
     for item in tl.range(tl.program_id(0), nflush * (HV * TILES), tl.num_programs(0),
@@ -557,15 +608,16 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     flush_precision: str | None = None, tile_first: bool | None = None,
                     fuse_advance: bool = True, fuse_prep: bool | None = None,
                     maxnreg: int | None = None, flush_maxnreg: int | None = None,
-                    one_launch: bool | None = None,
+                    one_launch: bool | None = None, pdl: bool | str | None = None,
+                    early_loads: bool = False,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
-    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg`` and ``one_launch``
-    as for Mamba-2; the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs
-    its own launch and is never one launch)."""
+    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg``, ``one_launch``,
+    ``pdl`` and ``early_loads`` as for Mamba-2; the UT-transform flush, ``flush_fold="dot"``
+    with a read copy, needs its own launch and is never one launch)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
@@ -577,6 +629,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
         flush_maxnreg), conventional=cache.capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
+    use_pdl, pdl_edges = resolve_pdl(pdl, q.device, q.shape[0]), pdl_edges_of(pdl)
     kb, kw = gdn_step_knobs(cfg, V)
     BV = block_v or small_grid_rows(cfg, kb, V, HV, Bsz, ol)
     num_warps = num_warps or kw
@@ -615,7 +668,11 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                 q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
                 cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
                 CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
-                FOLD_PREC="ieee" if fprec == "bf16x3" else fprec, num_warps=4)
+                FOLD_PREC="ieee" if fprec == "bf16x3" else fprec,
+                PDL=use_pdl and "prep" in pdl_edges, num_warps=4)
+        # programmatic launches: the non-flush launch after the ring products, the flush after it
+        nf_pdl = use_pdl and not fp and "prep" in pdl_edges
+        fl_pdl = use_pdl and not ol and "flush" in pdl_edges
         src = rd if cache.read is not None else ck
         _gdn_nonflush_kernel[grid](
             q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
@@ -625,6 +682,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
             TILE_FIRST=tf, FUSED_PREP=fp, ONE_LAUNCH=ol, ADVANCE=ticket,
             CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+            PDL=nf_pdl, FLUSH_PDL=fl_pdl, EARLY=bool(early_loads),
+            launch_pdl=nf_pdl,
             num_warps=num_warps, **register_cap(maxnreg))
         if ol:
             if advance and not ticket:
@@ -637,7 +696,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
             RECORDS=records, STAGES=flush_stages or gdn_flush_stages(fprec, records),
-            FOLD_PREC=fprec, ADVANCE=advance and fuse_advance,
+            FOLD_PREC=fprec, ADVANCE=advance and fuse_advance, PDL=fl_pdl, launch_pdl=fl_pdl,
             num_warps=FW, **register_cap(flush_maxnreg))
         if advance and not fuse_advance:
             advance_cursor(cache, slots)
@@ -665,14 +724,15 @@ def _draft_columns(T: tl.constexpr, TB2: tl.constexpr):
 def _gdn_verify_prep_kernel(
     q_ptr, k_ptr, slots_ptr, kr_ptr, s_kr, cur_ptr, kd_ptr,
     T: tl.constexpr, TB2: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr,
-    LB: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr = "ieee",
+    LB: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr = "ieee", PDL: tl.constexpr = False,
 ):
     """Per (row, key head): the stacked drafts' keys and queries (``_draft_columns``) dotted
     with the committed keys (TB2 x LB) and with the drafts' keys (TB2 x TB2), over key
     chunks of KC. Every value head of the key head reads them, so the verify programs keep
-    only the state product."""
+    only the state product. PDL as in the Mamba-2 verify's products launch."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
+    release_dependents(PDL)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         col, isk, isq, d = _draft_columns(T, TB2)
@@ -711,7 +771,7 @@ def _gdn_verify_kernel(
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr,
     LOG_TB2: tl.constexpr, PREC: tl.constexpr, SMALL: tl.constexpr, TERMS: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """All T drafts in chunk form on stacked columns (``_draft_columns``): Z (BV, TB2) =
     e^{g cum} S [k_i | q_i] + committed records, accumulated over fp32 ``tl.dot``s whose
@@ -720,7 +780,7 @@ def _gdn_verify_kernel(
     UT transform ``(I + M)^-T``; query columns plus the drafts' u's give the outputs. Appends
     the drafts after the committed records (the cursor does not move). PREC is the state
     product's ``dot_precision`` (``"bf16x3"``: ``split_dot`` with TERMS pieces, the row scale
-    applied after), SMALL the others'."""
+    applied after), SMALL the others'. PDL as in the Mamba-2 verify."""
     b, h, vt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
@@ -761,6 +821,7 @@ def _gdn_verify_kernel(
         if SPLIT:
             Z = row_scales(src_rs_ptr + slot * s_srcrs, h * V + vv, mv, SRC_FMT, BV)[:, None] * Z
         Z = tl.exp(total)[None, :] * Z
+        wait_prior_grid(PDL)
         kd = kd_ptr + (b * HK + hk) * (TB2 * LB + TB2 * TB2)
         done = 0.0
         for j0 in tl.range(0, c, 16):  # committed records, 16 at a time
@@ -804,6 +865,7 @@ def _gdn_verify_kernel(
                 Kd = tl.load(k_ptr + row[:, None] + kk[None, :], mask=isk[:, None])
                 tl.store(kr_ptr + slot * s_kr + (hk * CAP + pos[:, None]) * K + kk[None, :],
                          Kd.to(kr_ptr.dtype.element_ty), mask=isk[:, None])
+    wait_prior_grid(PDL)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -872,14 +934,14 @@ def _ring_args(cache: ReplayCache):
 
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
                num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto",
-               tile_first: bool = False) -> torch.Tensor:
+               tile_first: bool = False, pdl: bool = False) -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
     ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
     ``dot_precision`` as in ``mamba2.verify_precision``, ``tile_first`` the grid order
     (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
     (reports/kernels/verify_r22_sweep.log; tile-first gained nothing for GDN,
-    verify_r29_grid_order.log)."""
+    verify_r29_grid_order.log). ``pdl`` as in ``mamba2_verify`` (off by default)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.verify(st, q, k, v, g, beta, slots))
     Bsz, T, HK, K = q.shape
@@ -905,15 +967,17 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
     TB2, LB = max(16, triton.next_power_of_2(2 * T)), max(16, triton.next_power_of_2(cache.capacity))
     kd = torch.empty(Bsz, HK, TB2 * LB + TB2 * TB2, device=q.device, dtype=torch.float32)
     kr = cache.ring["k"]
+    use_pdl = bool(pdl) and resolve_pdl(pdl, q.device)
     _gdn_verify_prep_kernel[(Bsz, HK)](q, k, slots, kr, slot_stride(kr), cache.cursor, kd,
                                        T=T, TB2=TB2, HK=HK, K=K, CAP=cache.capacity, LB=LB, KC=KC,
-                                       PREC=prec, num_warps=1)
+                                       PREC=prec, PDL=use_pdl, num_warps=1)
     _gdn_verify_kernel[step_grid(Bsz, HV, triton.cdiv(V, BV), tile_first)](
         q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
         kd, T=T, TB2=TB2, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
         LOG_TB2=TB2.bit_length() - 1, PREC=prec, SMALL="tf32x3" if prec == "bf16x3" else prec,
-        TERMS=split_terms(_fmt(src)), TILE_FIRST=tile_first, num_warps=num_warps)
+        TERMS=split_terms(_fmt(src)), TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl,
+        num_warps=num_warps)
     return o
 
 

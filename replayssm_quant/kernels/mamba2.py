@@ -28,7 +28,10 @@ from .common import (
     log_decay_suffixes,
     lut_table,
     pow2_prescale_of,
+    programmatic_launch,
     register_cap,
+    release_dependents,
+    ring_records,
     row_head_tile,
     row_scales,
     rows_dot,
@@ -36,6 +39,7 @@ from .common import (
     sr_words_for,
     step_grid,
     store_rows,
+    wait_prior_grid,
     write_state,
 )
 from .persistent import launch_persistent
@@ -89,10 +93,12 @@ def _mamba2_conv_kernel(
 
 
 @triton.jit
-def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.constexpr):
+def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.constexpr,
+                  ECAP: tl.constexpr = 0):
     """Per buffered record j < c: exp(A * sum of dt after j up to now) * dt_j, and the total
-    dt since the checkpoint (including this token)."""
-    dtr, after, total, mj = log_decay_suffixes(dtr_ptr + slot * s_dtr + h * CAP, c, dt, LB)
+    dt since the checkpoint (including this token). ECAP as ``log_decay_suffixes``'s CAP."""
+    dtr, after, total, mj = log_decay_suffixes(dtr_ptr + slot * s_dtr + h * CAP, c, dt, LB,
+                                               ECAP)
     w = tl.where(mj, tl.exp(A * after) * dtr, 0.0)
     return w, total, mj
 
@@ -169,14 +175,17 @@ def finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi_next, L: tl.constexpr,
 def _mamba2_prep_kernel(
     B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, fi_ptr, bc_ptr, list_ptr, nrows,
     G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    RB: tl.constexpr,
+    RB: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Per (row, group), once per step: ``B_j . C`` for the buffered records, ``B . C`` for the
     current token and C's NVFP4-decode prescales (``pow2_prescale``): every head of the group
     reads these ``LB + 3`` floats (``bc_stride``) instead of the LB x N records and a
-    reduction over C; program (0, 0) also builds the flush list."""
+    reduction over C; program (0, 0) also builds the flush list. With PDL the non-flush
+    launch may start at once (``release_dependents``): it writes nothing this launch reads
+    (its ring record goes to position c, these products read the records before c)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
+    release_dependents(PDL)
     if (b == 0) & (g == 0):
         flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, RB)
     slot = tl.load(slots_ptr + b)
@@ -197,26 +206,92 @@ def _mamba2_prep_kernel(
 
 
 @triton.jit
-def _nonflush_rows(p, mp, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
-                   x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
-                   s_srcbs, xr_ptr, s_xr, lut_ptr, scales_ptr,
-                   H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
-                   CAP: tl.constexpr, SRC_FMT: tl.constexpr, HAS_D: tl.constexpr,
-                   BP: tl.constexpr, LUT: tl.constexpr, PRESCALED: tl.constexpr,
-                   E4M3: tl.constexpr):
-    """The non-flush output of head-dim rows ``p`` (BP of them, ``mp`` valid): y from the read
-    source and the ring, then this token's x appended to the ring."""
+def _nonflush_y(p, mp, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
+                x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
+                s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row,
+                H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+                CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
+                HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
+                PRESCALED: tl.constexpr, E4M3: tl.constexpr, LOAD_BC: tl.constexpr,
+                PDL: tl.constexpr, ECAP: tl.constexpr):
+    """The non-flush output y of head-dim rows ``p`` (BP of them, ``mp`` valid) from the read
+    source and the ring, and this token's x (the record to append). With LOAD_BC the ring
+    products ``bc``, ``bcc`` (and with PRESCALED the NVFP4 prescales) come from the
+    ring-products launch's row ``bc_row``; with PDL that launch may still be running, so the
+    state product is formed first and the products are read after ``wait_prior_grid``.
+    ECAP as ``ring_records``'s CAP."""
     sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                      src_bs_ptr + slot * s_srcbs, h * P + p, mp,
                      C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT,
-                     scales_ptr, PRESCALED, E4M3)
+                     bc_row + LB + 1, PRESCALED, E4M3)
     x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
-    xr = tl.load(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
-                 mask=mj[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    xr = ring_records(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
+                      mj[:, None] & mp[None, :], (j < CAP)[:, None] & mp[None, :],
+                      ECAP).to(tl.float32)
+    if LOAD_BC:
+        wait_prior_grid(PDL)
+        bc = tl.load(bc_row + j, mask=mj, other=0.0)
+        bcc = tl.load(bc_row + LB)
     y = decay * sc + tl.sum((w * bc)[:, None] * xr, axis=0)
     y += (dt * x) * bcc
     if HAS_D:
         y += tl.load(D_ptr + h).to(tl.float32) * x
+    return y, x
+
+
+@triton.jit
+def _nonflush_outputs(b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
+                      src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+                      xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr,
+                      H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
+                      CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
+                      HAS_D: tl.constexpr, BP: tl.constexpr, BP2: tl.constexpr,
+                      LUT: tl.constexpr, FUSED_PREP: tl.constexpr, E4M3: tl.constexpr,
+                      PDL: tl.constexpr, ECAP: tl.constexpr):
+    """A non-flush program's outputs and records, ``(y, x)`` of rows ``[pt BP, pt BP + BP)``
+    and, with BP2 > 0, of the whole head's second pass ``[BP, BP + BP2)`` (else the first
+    pass again): ring weights, the group's ring products (formed here with FUSED_PREP, else
+    read from the ring-products launch) and ``_nonflush_y``."""
+    j = tl.arange(0, LB)
+    dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB, ECAP)
+    if FUSED_PREP:
+        n = tl.arange(0, N)
+        Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
+        Brj = ring_records(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
+                           mj[:, None], (j < CAP)[:, None], ECAP).to(tl.float32)
+        bc = tl.sum(Brj * Cv[None, :], axis=1)
+        bcc = tl.sum(tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32) * Cv, axis=0)
+    else:  # read from the ring-products launch's row in ``_nonflush_y``
+        bc = tl.zeros((LB,), dtype=tl.float32)
+        bcc = 0.0
+    decay = tl.exp(A * total)
+    p = pt * BP + tl.arange(0, BP)
+    bc_row = bc_ptr + (b * G + g) * (LB + 3)  # read only without FUSED_PREP
+    # with PDL the prescales are formed here, so the state product need not wait
+    PRESCALED: tl.constexpr = not FUSED_PREP and not PDL
+    y, x = _nonflush_y(p, p < P, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
+                       x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
+                       s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row, H, P, N, G, CAP, LB, SRC_FMT,
+                       HAS_D, BP, LUT, PRESCALED, E4M3, not FUSED_PREP, PDL, ECAP)
+    if BP2 > 0:
+        p2 = BP + tl.arange(0, BP2)
+        y2, x2 = _nonflush_y(p2, p2 < P, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
+                             x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
+                             s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row, H, P, N, G, CAP,
+                             LB, SRC_FMT, HAS_D, BP2, LUT, PRESCALED, E4M3, not FUSED_PREP,
+                             PDL, ECAP)
+    else:
+        y2, x2 = y, x
+    return y, x, y2, x2
+
+
+@triton.jit
+def _nonflush_store(y, x, p, b, h, slot, c, y_ptr, xr_ptr, s_xr, H: tl.constexpr,
+                    P: tl.constexpr, CAP: tl.constexpr):
+    """Store a non-flush pass's outputs and append its x to the ring at the cursor."""
+    mp = p < P
     tl.store(y_ptr + (b * H + h) * P + p, y, mask=mp)
     tl.store(xr_ptr + slot * s_xr + (h * CAP + c) * P + p, x.to(xr_ptr.dtype.element_ty), mask=mp)
 
@@ -235,10 +310,19 @@ def _mamba2_nonflush_kernel(
     TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False, BP2: tl.constexpr = 0,
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, E4M3: tl.constexpr = False,
+    PDL: tl.constexpr = False, FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
-    once: the flush kernel serves them. With FUSED_PREP the program forms its group's
+    once: the flush kernel serves them. With PDL the launch may start while the
+    ring-products launch still runs (programmatic dependent launch): every program waits for
+    it (``wait_prior_grid``) only before it reads the products, after its state product, and
+    before it ends, so the flush launch, which waits for this one, sees the products too.
+    With FLUSH_PDL each program lets the flush launch start as soon as every program of this
+    one has started (``release_dependents``). With EARLY every load of the non-flush output
+    (state tile, ring records, inputs) is issued before the cursor is known, the stale ring
+    records selected away afterwards (``ring_records``): at batch 1 the cursor load is then
+    no longer a memory round trip in front of the others. With FUSED_PREP the program forms its group's
     ``B_j . C`` itself and the first program builds the flush list, so the ring-products
     launch is skipped (small batches, where every launch costs microseconds). With BP2 > 0 a
     program covers its whole head in two passes, rows ``[0, BP)`` then ``[BP, BP + BP2)``
@@ -249,6 +333,7 @@ def _mamba2_nonflush_kernel(
     each row's last program to finish advances its cursor (``finish_row``): the step is this
     launch alone."""
     b, h, pt = row_head_tile(TILE_FIRST)
+    release_dependents(FLUSH_PDL)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (pt == 0):
             flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
@@ -256,37 +341,28 @@ def _mamba2_nonflush_kernel(
     if slot >= 0:
         c = tl.load(cur_ptr + slot)
         fi = tl.load(fi_ptr + slot) + 1 if ONE_LAUNCH else 0
+        HPG: tl.constexpr = H // G
+        g = h // HPG
+        if EARLY:  # before the cursor arrives; flushing rows discard the results
+            y, x, y2, x2 = _nonflush_outputs(
+                b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
+                src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+                xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G, CAP,
+                LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, CAP)
         if c != L - 1:
-            HPG: tl.constexpr = H // G
-            g = h // HPG
-            j = tl.arange(0, LB)
-            dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
-            A = tl.load(A_ptr + h).to(tl.float32)
-            w, total, mj = _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP, LB)
-            if FUSED_PREP:
-                n = tl.arange(0, N)
-                Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
-                Brj = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                              mask=mj[:, None], other=0.0).to(tl.float32)
-                bc = tl.sum(Brj * Cv[None, :], axis=1)
-                bcc = tl.sum(tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32) * Cv, axis=0)
-            else:
-                bc = tl.load(bc_ptr + (b * G + g) * (LB + 3) + j, mask=mj, other=0.0)
-                bcc = tl.load(bc_ptr + (b * G + g) * (LB + 3) + LB)
-            decay = tl.exp(A * total)
-            p = pt * BP + tl.arange(0, BP)
-            scales = bc_ptr + (b * G + g) * (LB + 3) + LB + 1  # read only without FUSED_PREP
-            _nonflush_rows(p, p < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
-                           x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
-                           s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, scales, H, P, N, G, CAP,
-                           SRC_FMT, HAS_D, BP, LUT, not FUSED_PREP, E4M3)
+            if not EARLY:
+                y, x, y2, x2 = _nonflush_outputs(
+                    b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
+                    src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
+                    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G,
+                    CAP, LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, 0)
+            _nonflush_store(y, x, pt * BP + tl.arange(0, BP), b, h, slot, c, y_ptr, xr_ptr,
+                            s_xr, H, P, CAP)
             if BP2 > 0:
-                p2 = BP + tl.arange(0, BP2)
-                _nonflush_rows(p2, p2 < P, b, h, g, slot, c, dt, decay, w, mj, bc, bcc, j,
-                               x_ptr, D_ptr, C_ptr, y_ptr, src_ptr, src_rs_ptr, src_bs_ptr,
-                               s_src, s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, scales, H, P, N,
-                               G, CAP, SRC_FMT, HAS_D, BP2, LUT, not FUSED_PREP, E4M3)
+                _nonflush_store(y2, x2, BP + tl.arange(0, BP2), b, h, slot, c, y_ptr, xr_ptr,
+                                s_xr, H, P, CAP)
             if pt == 0:
+                dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
                 tl.store(dtr_ptr + slot * s_dtr + h * CAP + c, dt)
                 if h % HPG == 0:
                     n = tl.arange(0, N)
@@ -313,6 +389,7 @@ def _mamba2_nonflush_kernel(
                 tl.atomic_add(nan_ptr, nans)
         if ONE_LAUNCH and ADVANCE:
             finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi, L, TILE_FIRST)
+    wait_prior_grid(PDL)  # no program ends before the ring products are written
 
 
 @triton.jit
@@ -389,15 +466,17 @@ def _mamba2_flush_kernel(
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
     BPF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
-    FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False,
+    FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
-    flush list (``_mamba2_flush_rows`` each). STAGES (None: Triton's default)
-    software-pipelines the loop: the next tile's loads are issued while this one folds. With
-    ADVANCE the programs then move every row's cursor on (``advance_rows``): the flush reads
-    its flush indices from the list and the cursors were read by the earlier launches, so no
-    separate launch is needed."""
+    flush list (``_mamba2_flush_rows`` each). With PDL the launch may start before the non-flush
+    launch ends, and its programs wait for it (``wait_prior_grid``) first. STAGES (None:
+    Triton's default) software-pipelines the loop: the next tile's loads are issued while this
+    one folds. With ADVANCE the programs then move every row's cursor on (``advance_rows``): the
+    flush reads its flush indices from the list and the cursors were read by the earlier
+    launches, so no separate launch is needed."""
     TILES: tl.constexpr = (P + BPF - 1) // BPF
+    wait_prior_grid(PDL)
     nflush = tl.load(list_ptr)
     nans = tl.zeros((), dtype=tl.int32)
     for item in tl.range(tl.program_id(0), nflush * (H * TILES), tl.num_programs(0),
@@ -482,7 +561,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        fuse_advance: bool = True, fuse_prep: bool | None = None,
                        maxnreg: int | None = None, flush_maxnreg: int | None = None,
                        whole_head: bool | None = None, one_launch: bool | None = None,
-                       nvfp4_decode: str | None = None,
+                       nvfp4_decode: str | None = None, pdl: bool | str | None = None,
+                       early_loads: bool = False,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -503,7 +583,15 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     tiles (records folded one by one, so the flush knobs do not apply) and the last program
     to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
     ``nvfp4_decode`` picks how a non-flush step decodes an NVFP4 source (``NVFP4_DECODES``;
-    default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead.
+    default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead. ``pdl`` (default: on
+    GPUs that have it up to batch 64, ``resolve_pdl``) launches the non-flush and flush
+    launches with programmatic dependent launch, so each starts while the launch before it
+    still runs; ``"prep"`` / ``"flush"`` name one of the two edges. ``early_loads=True``
+    issues the non-flush output's loads before the cursor arrives, reading every ring
+    record (``ring_records``); off by default: at batch 1 (one launch) it took 0.2-0.4 us off
+    the GDN NVFP4 / fp8 non-flush steps but added 1.1-3.2 us to every flush step, whose
+    programs then also form the discarded non-flush output
+    (reports/kernels/tune_r111_early_b1.log).
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
@@ -518,6 +606,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
         flush_maxnreg), conventional=cache.capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
+    use_pdl, pdl_edges = resolve_pdl(pdl, x.device, x.shape[0]), pdl_edges_of(pdl)
     kb, kw = mamba2_step_knobs(cfg, P, N)
     BP = block_p or small_grid_rows(cfg, kb, P, H, Bsz, ol)
     BP2 = 0
@@ -552,7 +641,11 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     if not fp:
         _mamba2_prep_kernel[(Bsz, G)](
             Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
-            G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256, num_warps=4)
+            G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256,
+            PDL=use_pdl and "prep" in pdl_edges, num_warps=4)
+    # programmatic launches: the non-flush launch after the ring products, the flush after it
+    nf_pdl = use_pdl and not fp and "prep" in pdl_edges
+    fl_pdl = use_pdl and not ol and "flush" in pdl_edges
     src = rd if cache.read is not None else ck
     _mamba2_nonflush_kernel[grid](
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
@@ -563,6 +656,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, BP2=BP2, ONE_LAUNCH=ol, ADVANCE=ticket,
 
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, E4M3=e4m3,
+        PDL=nf_pdl, FLUSH_PDL=fl_pdl, EARLY=bool(early_loads),
+        launch_pdl=nf_pdl,
         num_warps=num_warps or kw, **register_cap(maxnreg))
     if ol:
         if advance and not ticket:
@@ -582,10 +677,64 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
         RECORDS=records, FOLD_PREC=fold_precision(
             flush_precision, Br.dtype, default_fold_precision(cfg, records, BPF, Br.dtype)),
-        ADVANCE=advance and fuse_advance, num_warps=FW, **register_cap(flush_maxnreg))
+        ADVANCE=advance and fuse_advance, PDL=fl_pdl, launch_pdl=fl_pdl, num_warps=FW,
+        **register_cap(flush_maxnreg))
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
     return y
+
+
+PDL_EDGES = ("prep", "flush")
+
+
+def pdl_edges_of(pdl: bool | str | None) -> tuple[str, ...]:
+    """The launch edges ``pdl`` makes programmatic: ``"prep"`` (the non-flush launch after
+    the ring products), ``"flush"`` (the flush after the non-flush launch), both for
+    ``True`` / None."""
+    if isinstance(pdl, str):
+        if pdl not in PDL_EDGES:
+            raise ValueError(f"pdl must be a bool or one of {PDL_EDGES}, got {pdl!r}")
+        return (pdl,)
+    return PDL_EDGES
+
+
+PDL_MAX_BATCH = 128
+
+
+def pdl_default(batch: int) -> bool:
+    """Whether a ReplaySSM step overlaps its launches by default (where the GPU can): up to
+    batch 128, where a step's launches are short enough for the launch gaps and the
+    ring-products launch to show. Measured on the H200 (reports/kernels/tune_r110_pdl_*.log,
+    tune_r112_pdl_b*.log), window without -> with:
+
+    * batch 16: replay-fp32 on Nemotron-3-Super 32.6 -> 29.2 us, Qwen3.5-4B 18.4 -> 15.7 us
+      (the conventional FP32 step takes 16.0 us there); nvfp4-read/fp16-sr 17.8 -> 16.2 and
+      14.5 -> 12.2 us;
+    * batch 64: replay-fp32 85.6 -> 84.4 and 54.1 -> 50.4 us; nvfp4-read/fp16-sr 46.4 -> 45.0
+      and 38.4 -> 35.8 us;
+    * batch 128: replay-fp32 158.0 -> 157.2 and 93.8 -> 91.5 us; nvfp4-read/fp16-sr 85.6 ->
+      83.6 and 69.3 -> 66.9 us;
+    * batch 256: the non-flush steps gained 1-3 us while the flush steps lost 17-39 us with
+      the flush edge (the persistent flush grid placed while the non-flush launch still
+      runs), and nothing moved beyond run-to-run spread with the products edge alone, so
+      batch 256 keeps plain launches.
+
+    Batch <= 4 is one launch (``one_launch_default``), with no edge to overlap."""
+    return batch <= PDL_MAX_BATCH
+
+
+def resolve_pdl(pdl: bool | str | None, device: torch.device, batch: int = 0) -> bool:
+    """Whether a ReplaySSM step's launches after its first overlap the launch before them
+    (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
+    (None) where the GPU has it (sm_90+) and ``pdl_default(batch)`` holds; asking for it is
+    refused on an older GPU, whose compiler has no ``griddepcontrol``. Under the interpreter
+    (CPU tensors) it runs the same kernels, whose waits are no-ops there."""
+    pdl_edges_of(pdl)
+    if pdl is None:
+        return programmatic_launch(device) and pdl_default(batch)
+    if pdl and device.type == "cuda" and not programmatic_launch(device):
+        raise ValueError("pdl needs an sm_90 or newer GPU (programmatic dependent launch)")
+    return bool(pdl)
 
 
 NVFP4_DECODES = ("e4m3", "words")
@@ -838,14 +987,16 @@ def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
 def _mamba2_verify_prep_kernel(
     B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, cb_ptr,
     T: tl.constexpr, TB: tl.constexpr, G: tl.constexpr, N: tl.constexpr, CAP: tl.constexpr,
-    LB: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr = "ieee",
+    LB: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr = "ieee", PDL: tl.constexpr = False,
 ):
     """Per (row, group): the drafts' ``C_i . B_j`` against the committed records (TB x LB)
     and against the drafts (TB x TB), over d_state chunks of KC so an fp32 ``tl.dot`` keeps
     only KC columns of its operands in registers. Every head of the group reads them, so
-    the verify programs keep only the state product."""
+    the verify programs keep only the state product. With PDL the verify launch may start
+    at once (it writes its drafts at c and after, these products read the records before c)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
+    release_dependents(PDL)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         kc = tl.arange(0, KC)
@@ -884,7 +1035,7 @@ def _mamba2_verify_kernel(
     CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, KC: tl.constexpr,
     PREC: tl.constexpr, SMALL: tl.constexpr, TERMS: tl.constexpr,
-    TILE_FIRST: tl.constexpr = False,
+    TILE_FIRST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """All T draft outputs at once in chunk form, Y (BP, TB) = S C^T e^{A cum} + (committed
     records) + (drafts), as one accumulator over ``tl.dot``s with a 16- or KC-wide inner
@@ -892,7 +1043,9 @@ def _mamba2_verify_kernel(
     ``C . B`` products from ``_mamba2_verify_prep_kernel``), then the drafts. No operand wider
     than KC lives in registers. PREC is the state product's ``dot_precision`` (``"bf16x3"``:
     ``split_dot`` with TERMS pieces, the row scale applied after), SMALL the others'.
-    Appends the drafts after the committed records (the cursor does not move)."""
+    Appends the drafts after the committed records (the cursor does not move). With PDL the
+    launch may start while the products' launch still runs: its programs wait for it
+    (``wait_prior_grid``) after the state product and before they end."""
     b, h, pt = row_head_tile(TILE_FIRST)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
@@ -927,6 +1080,7 @@ def _mamba2_verify_kernel(
         if SPLIT:
             Y = row_scales(src_rs_ptr + slot * s_srcrs, h * P + p, mp, SRC_FMT, BP)[:, None] * Y
         Y = tl.exp(A * total)[None, :] * Y
+        wait_prior_grid(PDL)
         cb = cb_ptr + (b * G + g) * (TB * LB + TB * TB)
         done = 0.0
         for j0 in tl.range(0, c, 16):  # committed records, 16 at a time
@@ -961,6 +1115,7 @@ def _mamba2_verify_kernel(
                 Bd = tl.load(B_ptr + draft[:, None] + n[None, :], mask=mi[:, None], other=0.0)
                 tl.store(Br_ptr + slot * s_Br + (g * CAP + pos[:, None]) * N + n[None, :],
                          Bd.to(Br_ptr.dtype.element_ty), mask=mi[:, None])
+    wait_prior_grid(PDL)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -1112,7 +1267,7 @@ def verify_block(P: int) -> int:
 
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                   num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto",
-                  tile_first: bool = True) -> torch.Tensor:
+                  tile_first: bool = True, pdl: bool = False) -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
     prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
@@ -1120,7 +1275,9 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     ``dot_precision`` as in ``verify_precision``, ``tile_first`` the grid order
     (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
     (reports/kernels/verify_r22_sweep.log; tile-first: Nemotron-3-Super 438 -> 414 us,
-    verify_r29_grid_order.log)."""
+    verify_r29_grid_order.log). ``pdl=True`` starts the verify launch while the products'
+    launch runs (programmatic dependent launch); off by default: at batch 256 it changed
+    nothing beyond run-to-run spread (reports/kernels/tune_r110_pdl_verify.log)."""
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.verify(st, x, dt, A, Bm, C, D, slots))
     Bsz, T, H, P = x.shape
@@ -1145,16 +1302,17 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     BP = min(block_p, max(16, triton.next_power_of_2(P)))
     TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
     cb = torch.empty(Bsz, G, TB * LB + TB * TB, device=x.device, dtype=torch.float32)
+    use_pdl = bool(pdl) and resolve_pdl(pdl, x.device)
     _mamba2_verify_prep_kernel[(Bsz, G)](Bm, C, slots, Br, slot_stride(Br), cache.cursor, cb,
                                          T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB, KC=KC,
-                                         PREC=prec, num_warps=1)
+                                         PREC=prec, PDL=use_pdl, num_warps=1)
     _mamba2_verify_kernel[step_grid(Bsz, H, triton.cdiv(P, BP), tile_first)](
         x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor, cb,
         T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec,
         SMALL="tf32x3" if prec == "bf16x3" else prec, TERMS=split_terms(_fmt(src)),
-        TILE_FIRST=tile_first, num_warps=num_warps)
+        TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl, num_warps=num_warps)
     return y
 
 
