@@ -168,3 +168,41 @@ def test_gdn_verify_commit_zero_decay(name):
             for s in range(2):
                 c = int(ref.cursor[s])
                 assert torch.allclose(kk_[s, :, :c], rk[s, :, :c], rtol=1e-4, atol=1e-5), key
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_verify_register_cap(kind):
+    """The verify's register cap (``verify_maxnreg_default``: ``VERIFY_MAXNREG`` from batch
+    256) is a launch option only: the default, uncapped (None), the default cap and a tight
+    cap give the reference's outputs; a bad cap is refused before any launch."""
+    from replayssm_quant.kernels.mamba2 import (
+        VERIFY_CAP_MIN_BATCH,
+        VERIFY_MAXNREG,
+        verify_maxnreg_default,
+    )
+
+    assert verify_maxnreg_default(VERIFY_CAP_MIN_BATCH) == VERIFY_MAXNREG
+    assert verify_maxnreg_default(VERIFY_CAP_MIN_BATCH - 1) is None
+    cfg = replace(PRESETS["replay-fp32"], L=4)
+    T = 3
+    g = torch.Generator().manual_seed(3)
+    if kind == "mamba2":
+        ref = mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2, spec_tokens=T, seed=2, layer=1)
+        mamba2.load_state(ref, torch.arange(2), torch.randn(2, 4, 16, 32, generator=g) * 0.3)
+        a = mamba2_inputs(3, T, 4, 16, 32, 2, generator=g)
+        y_ref = mamba2.verify(_clone(ref), a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
+        run = lambda **kw: mamba2_verify(cache_from_reference(_clone(ref)), a["x"], a["dt"],  # noqa: E731
+                                         a["A"], a["Bm"], a["C"], a["D"], SLOTS, block_p=16, **kw)
+    else:
+        ref = gdn.init_gdn_state(cfg, 2, 4, 16, 32, 2, spec_tokens=T, seed=2, layer=1)
+        gdn.load_state(ref, torch.arange(2), torch.randn(2, 4, 16, 32, generator=g) * 0.3)
+        a = gdn_inputs(3, T, 4, 16, 32, 2, generator=g)
+        y_ref = gdn.verify(_clone(ref), a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+        run = lambda **kw: gdn_verify(cache_from_reference(_clone(ref)), a["q"], a["k"],  # noqa: E731
+                                      a["v"], a["g"], a["beta"], SLOTS, block_v=16, **kw)
+    v = SLOTS >= 0
+    for kw in ({}, {"maxnreg": None}, {"maxnreg": VERIFY_MAXNREG}, {"maxnreg": 64}):
+        y = run(**kw)
+        assert ((y[v] - y_ref[v]).norm() / y_ref[v].norm()).item() < 1e-5, kw
+    with pytest.raises(ValueError, match="maxnreg"):
+        run(maxnreg=8)

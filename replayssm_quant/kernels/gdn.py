@@ -40,6 +40,7 @@ from .common import (
     write_state,
 )
 from .mamba2 import (
+    _DEFAULT,
     _flush_warps,
     _fmt,
     _records,
@@ -58,6 +59,7 @@ from .mamba2 import (
     small_grid_rows,
     split_terms,
     verify_chunk,
+    verify_maxnreg_default,
     verify_precision,
 )
 from .persistent import launch_persistent
@@ -934,14 +936,17 @@ def _ring_args(cache: ReplayCache):
 
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
                num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto",
-               tile_first: bool = False, pdl: bool = False) -> torch.Tensor:
+               tile_first: bool = False, pdl: bool = False,
+               maxnreg: int | None | object = _DEFAULT) -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
     ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
     ``dot_precision`` as in ``mamba2.verify_precision``, ``tile_first`` the grid order
     (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
     (reports/kernels/verify_r22_sweep.log; tile-first gained nothing for GDN,
-    verify_r29_grid_order.log). ``pdl`` as in ``mamba2_verify`` (off by default)."""
+    verify_r29_grid_order.log). ``pdl`` as in ``mamba2_verify`` (off by default); ``maxnreg``
+    caps the verify programs' registers (default ``mamba2.verify_maxnreg_default``; None: no
+    cap)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.verify(st, q, k, v, g, beta, slots))
     Bsz, T, HK, K = q.shape
@@ -962,6 +967,7 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
     act = {q.dtype, k.dtype, cache.ring["k"].dtype}
     KC = verify_chunk(K, chunk)
     prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
+    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is _DEFAULT else maxnreg)
     o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     BV = min(block_v, max(16, triton.next_power_of_2(V)))
     TB2, LB = max(16, triton.next_power_of_2(2 * T)), max(16, triton.next_power_of_2(cache.capacity))
@@ -977,7 +983,7 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
         SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
         LOG_TB2=TB2.bit_length() - 1, PREC=prec, SMALL="tf32x3" if prec == "bf16x3" else prec,
         TERMS=split_terms(_fmt(src)), TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl,
-        num_warps=num_warps)
+        num_warps=num_warps, **cap)
     return o
 
 

@@ -1265,9 +1265,34 @@ def verify_block(P: int) -> int:
     return min((64, 32), key=lambda b: (triton.cdiv(P, b) * b, -b))
 
 
+VERIFY_MAXNREG = 168
+VERIFY_CAP_MIN_BATCH = 256
+
+
+def verify_maxnreg_default(batch: int) -> int | None:
+    """Registers per thread of the speculative verify programs (both kinds) by default:
+    ``VERIFY_MAXNREG`` from batch 256, else no cap. Uncapped they take 254-255 (4 two-warp
+    GDN programs or 8 one-warp Mamba-2 programs per SM) and a large batch's verify is bound
+    by latency at that occupancy; at 168 an SM holds 6 / 12 of them with no spill in the
+    state loop. Measured on the H200 (reports/kernels/tune_r116/r117/r118_verify_*.log), no
+    cap -> 168 at batch 256: Qwen3.5-4B replay-fp32 271.5 -> 266.3-267.7 us (a conventional
+    step 265.0), nvfp4-read/fp16-sr 217.9 -> 194.5 us; Qwen3.5-122B nvfp4-read/fp16-sr 403.6
+    -> 355.7-358.5 us, replay-fp32 505-507 -> 497-517 us (spread); Nemotron-3-Super
+    replay-fp32 395.9 -> 366.5-371.9 us, nvfp4-read/fp16-sr 285.3 -> 252.2 us; Nano-4B 447.7
+    -> 446.4 and 349.8 -> 342.4 us. At batch 64 three of four cases gained 5-8% and
+    Qwen3.5-4B replay-fp32 lost 4%; at batch 1, where the grid is small, the cap cost
+    0.9-1.1 us in three of four. 144 spilled inside the GDN state loop (296 us at 256), 128
+    was mixed for Mamba-2 (Super replay-fp32 457 us)."""
+    return VERIFY_MAXNREG if batch >= VERIFY_CAP_MIN_BATCH else None
+
+
+_DEFAULT = object()  # a knob left at its default (None is a value: no cap)
+
+
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                   num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto",
-                  tile_first: bool = True, pdl: bool = False) -> torch.Tensor:
+                  tile_first: bool = True, pdl: bool = False,
+                  maxnreg: int | None | object = _DEFAULT) -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
     prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
@@ -1277,7 +1302,9 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     (reports/kernels/verify_r22_sweep.log; tile-first: Nemotron-3-Super 438 -> 414 us,
     verify_r29_grid_order.log). ``pdl=True`` starts the verify launch while the products'
     launch runs (programmatic dependent launch); off by default: at batch 256 it changed
-    nothing beyond run-to-run spread (reports/kernels/tune_r110_pdl_verify.log)."""
+    nothing beyond run-to-run spread (reports/kernels/tune_r110_pdl_verify.log). ``maxnreg``
+    caps the verify programs' registers (``register_cap``; default ``verify_maxnreg_default``,
+    None: no cap)."""
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.verify(st, x, dt, A, Bm, C, D, slots))
     Bsz, T, H, P = x.shape
@@ -1297,6 +1324,7 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     act = {C.dtype, Bm.dtype, cache.ring["B"].dtype}
     KC = verify_chunk(N, chunk)
     prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
+    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is _DEFAULT else maxnreg)
     y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     BP = min(block_p, max(16, triton.next_power_of_2(P)))
@@ -1312,7 +1340,7 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
         T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec,
         SMALL="tf32x3" if prec == "bf16x3" else prec, TERMS=split_terms(_fmt(src)),
-        TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl, num_warps=num_warps)
+        TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl, num_warps=num_warps, **cap)
     return y
 
 
