@@ -217,7 +217,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       E4M3=nvfp4_decode == "e4m3" and src == FMT_CODES["nvfp4"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, PDL=pdl and not one_launch,
-                      FLUSH_PDL=pdl and not one_launch, **one)
+                      FLUSH_PDL=pdl and not one_launch, EARLY=False, **one)
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
@@ -237,7 +237,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
                       TILE_FIRST=False, FUSED_PREP=one_launch, PDL=pdl and not one_launch,
-                      FLUSH_PDL=pdl and not one_launch, **one)
+                      FLUSH_PDL=pdl and not one_launch, EARLY=False, **one)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
