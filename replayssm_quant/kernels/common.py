@@ -8,6 +8,7 @@ so SR is done in software here.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -571,9 +572,11 @@ def e2m1_lut_value(code, lut_ptr):
 _PTX = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
+@functools.cache
 def programmatic_launch(device: torch.device) -> bool:
     """Whether launches on ``device`` can overlap the previous launch in their stream
-    (programmatic dependent launch, ``griddepcontrol``: sm_90 and newer)."""
+    (programmatic dependent launch, ``griddepcontrol``: sm_90 and newer). Asked once per
+    device: every decode step asks."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
