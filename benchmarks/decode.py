@@ -5,10 +5,11 @@ measured in the same run, and the ratio to our conventional FP32 step.
     python benchmarks/decode.py --out reports/kernels            # full sweep
     python benchmarks/decode.py --batch 256 --L 16                # one batch, one L
 
-Each measurement replays a CUDA graph: a whole window of L steps (window average), a flush
-step with the cursor held at L-1 (4 copies to a graph), and the non-flush average derived
-from the two. Configs without a window (conventional steps, FLA's peer kernel) are timed 16
-steps to a graph, so every config pays its launches the same way. Every graph is warmed for
+Each measurement replays a CUDA graph: whole windows of L steps, 16 steps to a graph (two
+windows at L = 8; window average), a flush step with the cursor held at L-1 (4 copies to a
+graph), and the non-flush average derived from the two. Configs without a window
+(conventional steps, FLA's peer kernel) are timed 16 steps to a graph as well, so every
+config pays a replay's launch gap the same way. Every graph is warmed for
 30 replays and 20 ms before timing: on the H200 the first ~10 replays of a conventional
 step over a fresh state run ~10% slower (reports/kernels/probe_r86_ramp.log). Inputs are
 fresh random values (never zeros) and differ per step of the window.
@@ -167,7 +168,9 @@ REPEAT = 4  # copies per timed graph of a step that leaves the cache as it found
 
 def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda", **kw) -> dict:
     L = cfg.L
-    w = Workload(shape, batch, cfg, steps=max(L, CONV_STEPS), device=device)
+    windows = max(1, CONV_STEPS // L)  # whole windows, as many steps per graph as the
+    # conventional step's: a replay's launch gap then weighs the same in every config
+    w = Workload(shape, batch, cfg, steps=max(L * windows, CONV_STEPS), device=device)
     if L == 1:  # as many steps per graph as a window, so launch costs weigh the same
         def steps():
             for i in range(CONV_STEPS):
@@ -178,10 +181,10 @@ def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
     w.cache.cursor.zero_()
 
     def window():
-        for i in range(L):
+        for i in range(L * windows):
             w.step(i, **kw)
 
-    t_win = time_graph(window, reps) / L
+    t_win = time_graph(window, reps) / (L * windows)
     w.cache.cursor.fill_(L - 1)
     t_fl = time_graph(lambda: w.step(L - 1, advance=False, **kw), reps, repeat=REPEAT)
     t_nf = (t_win * L - t_fl) / (L - 1)
