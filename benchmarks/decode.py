@@ -28,6 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_targets import evaluate  # noqa: E402
+from decode_targets import markdown as targets_markdown  # noqa: E402
 
 from replayssm_quant import formats as F  # noqa: E402
 from replayssm_quant.kernels.cache import alloc_gdn_cache, alloc_mamba2_cache  # noqa: E402
@@ -418,16 +422,22 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
 
 
 def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
-    """decode.json, decode.csv and decode.md (rewritten whole: a cut-off run keeps its rows)."""
+    """decode.json, decode.csv and decode.md (rewritten whole: a cut-off run keeps its rows),
+    with the verdicts of the speed targets (``decode_targets``) in the JSON and the Markdown."""
     import csv
 
-    (out / "decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    verdicts = evaluate(rows)
+    (out / "decode.json").write_text(json.dumps(
+        dict(meta=meta, rows=rows, targets=[v.as_dict() for v in verdicts]), indent=1))
     keys = sorted({k for r in rows for k in r})
     with open(out / "decode.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys)
         wr.writeheader()
         wr.writerows(rows)
-    (out / "decode.md").write_text(markdown_table(rows, meta))
+    md = markdown_table(rows, meta)
+    if verdicts:
+        md += "\n" + targets_markdown(verdicts) + "\n"
+    (out / "decode.md").write_text(md)
 
 
 def byte_bound(shape, cfg) -> float:

@@ -4,6 +4,7 @@ conventional FP32 step to the config (ring included), '-' where it does not appl
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes
@@ -162,3 +163,100 @@ def test_time_variants_compare_pairs_two_committed_logs(capsys):
     with pytest.raises(SystemExit):
         mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
                   str(kdir / "tune_r99_evict_old.log")])
+
+
+def _targets_module():
+    spec = importlib.util.spec_from_file_location("decode_targets",
+                                                  ROOT / "benchmarks" / "decode_targets.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sweep_rows(conv_us=500.0, replay_us=280.0, nvfp4_us=70.0, verify_us=450.0, fla_us=None,
+                shape="qwen3.5-4b", kind="gdn", batch=256):
+    """Rows shaped as benchmarks/decode.py writes them, for one (shape, batch)."""
+    def row(config, L, win, nf, fl, bw=0.9):
+        return dict(shape=shape, kind=kind, batch=batch, config=config, L=L, window_us=win,
+                    nonflush_us=nf, flush_us=fl, bw_frac_window=bw, bw_frac_nonflush=bw,
+                    bw_frac_flush=bw, byte_bound_vs_conv_fp32=1.8)
+    rows = [row("fp32", 1, conv_us, conv_us, conv_us, 0.96),
+            row("replay-fp32", 16, replay_us, replay_us * 0.93, replay_us * 2.1),
+            row("nvfp4-read/fp16-sr", 16, nvfp4_us * 1.5, nvfp4_us, nvfp4_us * 9, 0.3),
+            dict(shape=shape, kind=kind, batch=batch, config="verify T=8 replay-fp32", L=16,
+                 window_us=verify_us, nonflush_us=verify_us, flush_us=verify_us,
+                 verify_vs_conv_step=verify_us / conv_us)]
+    if fla_us:
+        rows.append(dict(shape=shape, kind=kind, batch=batch, config="fla-fused-recurrent", L=1,
+                         window_us=fla_us, nonflush_us=fla_us, flush_us=fla_us, bw_frac_window=0.98))
+    return rows
+
+
+def test_targets_verdicts_follow_the_numbers():
+    """Each target's verdict is the bound applied to the number formed from the rows: moving
+    one time across its bound flips exactly that verdict; targets whose rows are missing or
+    whose batch does not apply give no verdict."""
+    mod = _targets_module()
+    v = {x.target: x for x in mod.evaluate(_sweep_rows(fla_us=490.0))}
+    assert abs(v["replay-fp32-window"].value - 500 / 280) < 1e-12 and v["replay-fp32-window"].met
+    assert "bytes allow 1.80x" in v["replay-fp32-window"].detail
+    assert not v["nvfp4-fp16sr-window"].met  # 500 / 105 < 7
+    assert abs(v["nvfp4-nonflush"].value - 280 * 0.93 / 70) < 1e-12 and not v["nvfp4-nonflush"].met
+    assert v["verify-replay-fp32"].met and abs(v["verify-replay-fp32"].value - 0.9) < 1e-12
+    assert v["replay-fp32-vs-fla"].met  # 490 / 280 = 1.75
+    fla = [x for x in mod.evaluate(_sweep_rows(fla_us=470.0))
+           if x.target == "replay-fp32-vs-fla"][0]
+    assert not fla.met and abs(fla.value - 470 / 280) < 1e-12
+    assert not v["every-kernel-bandwidth"].met and "nvfp4-read/fp16-sr non-flush 0.30" in \
+        v["every-kernel-bandwidth"].detail
+    slow = {x.target: x for x in mod.evaluate(_sweep_rows(verify_us=510.0))}
+    assert not slow["verify-replay-fp32"].met
+    assert "replay-fp32-vs-fla" not in slow  # no FLA row: no verdict, not a pass
+    assert "batch1-no-regression" not in v  # batch 256 rows
+    mamba = {x.target for x in mod.evaluate(_sweep_rows(fla_us=470.0, kind="mamba2"))}
+    assert "replay-fp32-vs-fla" not in mamba  # a GDN-only target
+    b1 = [x for x in mod.evaluate(_sweep_rows(batch=1, replay_us=560.0)) if x.target.startswith("batch1")]
+    assert len(b1) == 1 and not b1[0].met and "replay-fp32 0.89" in b1[0].detail
+    assert [x.target for x in mod.evaluate(_sweep_rows(batch=1))] == ["batch1-no-regression"]
+    nan = _sweep_rows()
+    nan[1]["window_us"] = float("nan")
+    assert not [x for x in mod.evaluate(nan) if x.target == "replay-fp32-window"][0].met
+
+
+def test_targets_table_and_cli(tmp_path):
+    """The CLI reads decode.json files (later files replace earlier rows), writes the Markdown
+    table and the verdicts as JSON, and refuses a file that is not a decode.py result."""
+    import json
+
+    import pytest
+
+    mod = _targets_module()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(replay_us=300.0))))
+    b.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(replay_us=250.0)[1:2])))
+    md, js = tmp_path / "t.md", tmp_path / "t.json"
+    assert mod.main([str(a), str(b), "--out", str(md), "--json", str(js)]) == 0
+    verdicts = {d["target"]: d for d in json.loads(js.read_text())}
+    assert abs(verdicts["replay-fp32-window"]["value"] - 2.0) < 1e-12  # b's row replaced a's
+    text = md.read_text()
+    assert "### replay-fp32-window" in text and "| qwen3.5-4b | 256 | 2.000 | >= 1.75 | yes |" in text
+    assert "**no**" in text and "checks met." in text
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([1, 2]))
+    with pytest.raises(SystemExit, match="not a decode.py result"):
+        mod.main([str(bad)])
+
+
+def test_decode_outputs_carry_the_targets(tmp_path):
+    """decode.py's files carry the verdicts: a "targets" list in decode.json, the table after
+    the timings in decode.md."""
+    import json
+
+    mod = _module()
+    meta = dict(device="test", copy_bandwidth=4.2e12, torch="t", triton="t", argv=["decode.py"])
+    mod.write_outputs(tmp_path, _sweep_rows(), meta)
+    data = json.loads((tmp_path / "decode.json").read_text())
+    assert {d["target"] for d in data["targets"]} >= {"replay-fp32-window", "verify-replay-fp32"}
+    md = (tmp_path / "decode.md").read_text()
+    assert md.index("## qwen3.5-4b, batch 256") < md.index("## Targets")

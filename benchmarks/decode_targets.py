@@ -1,0 +1,247 @@
+"""The decode kernels' speed targets, checked against `benchmarks/decode.py` results.
+
+Each target is data (``TARGETS``): which rows it reads, the number it forms from them and the
+bound that number must meet. ``evaluate`` turns the rows of one or more sweeps into one
+verdict per (target, shape, batch), with the numbers behind it, so a report states which
+targets hold and by how much the others miss instead of leaving that to a reader:
+
+    python benchmarks/decode_targets.py reports/kernels/decode_r120.json \\
+        reports/kernels/decode_r121.json --out reports/kernels/targets.md --json targets.json
+
+`decode.py` appends the same table to every ``decode.md`` it writes. A target only judges the
+batch sizes it names (``batch_min`` / ``batch_max``); a sweep without those rows gives no
+verdict for it, never a pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+WINDOW_L = 16  # the L of the window targets
+NVFP4_PRESET = "nvfp4-read/fp16-sr"  # the NVFP4 read + FP16-SR checkpoint preset
+FLA_CONFIG = "fla-fused-recurrent"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target on one (shape, batch): the value formed, whether it meets the bound, and
+    what it is made of (``detail``)."""
+
+    target: str
+    shape: str
+    batch: int
+    value: float
+    bound: float
+    op: str
+    met: bool
+    detail: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """``measure(rows of one (shape, batch))`` gives (value, detail) or None when the rows it
+    needs are missing; ``op`` is ">=" or "<=" against ``bound``."""
+
+    name: str
+    text: str
+    bound: float
+    op: str
+    measure: Callable[[dict[str, dict]], tuple[float, str] | None]
+    batch_min: int = 256
+    batch_max: int | None = None
+    kinds: tuple[str, ...] = ("mamba2", "gdn")
+
+    def meets(self, value: float) -> bool:
+        if value != value:
+            return False
+        return value >= self.bound if self.op == ">=" else value <= self.bound
+
+    def applies(self, batch: int, kind: str) -> bool:
+        return (batch >= self.batch_min and (self.batch_max is None or batch <= self.batch_max)
+                and kind in self.kinds)
+
+
+def _window(rows: dict[str, dict], config: str) -> dict | None:
+    r = rows.get(config)
+    return r if r is not None and r.get("L") == WINDOW_L else None
+
+
+def _conv_bw(rows):
+    r = rows.get("fp32")
+    return None if r is None else (r["bw_frac_window"], f"{r['window_us']:.1f} us")
+
+
+def _ratio_to_conv(config: str):
+    def measure(rows):
+        r, c = _window(rows, config), rows.get("fp32")
+        if r is None or c is None:
+            return None
+        allow = r.get("byte_bound_vs_conv_fp32")
+        return (c["window_us"] / r["window_us"],
+                f"{r['window_us']:.1f} us against {c['window_us']:.1f} us"
+                + (f"; the counted bytes allow {allow:.2f}x" if allow else ""))
+    return measure
+
+
+def _nvfp4_nonflush(rows):
+    f, n = _window(rows, "replay-fp32"), _window(rows, NVFP4_PRESET)
+    if f is None or n is None:
+        return None
+    return (f["nonflush_us"] / n["nonflush_us"],
+            f"{n['nonflush_us']:.1f} us against {f['nonflush_us']:.1f} us")
+
+
+def _every_kernel_bw(rows):
+    """The lowest bandwidth fraction of any step kind (conventional, non-flush, flush) of any
+    preset; the detail names those below 0.85 (verify rows count no bytes)."""
+    fracs = []
+    for name, r in rows.items():
+        if "bw_frac_nonflush" not in r or name == FLA_CONFIG:
+            continue
+        if r.get("L", 1) == 1:
+            fracs.append((r["bw_frac_window"], name))
+        else:
+            fracs += [(r["bw_frac_nonflush"], f"{name} non-flush"), (r["bw_frac_flush"], f"{name} flush")]
+    if not fracs:
+        return None
+    short = sorted(f for f in fracs if f[0] < 0.85)
+    detail = (f"{len(short)} of {len(fracs)} below: " + ", ".join(f"{n} {v:.2f}" for v, n in short)
+              if short else f"all {len(fracs)} at or above")
+    return min(v for v, _ in fracs), detail
+
+
+def _vs_fla(rows):
+    r, f = _window(rows, "replay-fp32"), rows.get(FLA_CONFIG)
+    if r is None or f is None:
+        return None
+    return f["window_us"] / r["window_us"], f"FLA {f['window_us']:.1f} us"
+
+
+def _verify(preset: str):
+    def measure(rows):
+        r = next((v for k, v in rows.items() if k.startswith("verify ") and k.endswith(" " + preset)),
+                 None)
+        if r is None or "verify_vs_conv_step" not in r:
+            return None
+        return r["verify_vs_conv_step"], f"{r['window_us']:.1f} us ({r['config']})"
+    return measure
+
+
+def _batch1(rows):
+    """The slowest ReplaySSM window (every preset, every L) against the conventional step."""
+    c = rows.get("fp32")
+    wins = [(c["window_us"] / r["window_us"], name) for name, r in rows.items()
+            if c is not None and r.get("L", 1) > 1 and not name.startswith("verify ")]
+    if not wins:
+        return None
+    short = sorted(w for w in wins if w[0] < 0.9)
+    detail = (f"{len(short)} of {len(wins)} below 0.90x: " + ", ".join(f"{n} {v:.2f}" for v, n in short)
+              if short else f"all {len(wins)} at or above 0.90x")
+    return min(v for v, _ in wins), detail
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("conv-fp32-bandwidth", "conventional FP32 step at >= 85% of copy bandwidth",
+           0.85, ">=", _conv_bw),
+    Target("replay-fp32-window", "ReplaySSM FP32 window (L = 16) >= 1.75x the conventional FP32 step",
+           1.75, ">=", _ratio_to_conv("replay-fp32")),
+    Target("nvfp4-fp16sr-window", "NVFP4 read + FP16-SR window (L = 16) >= 7x the conventional FP32 step",
+           7.0, ">=", _ratio_to_conv(NVFP4_PRESET)),
+    Target("nvfp4-nonflush", "NVFP4 non-flush step >= 5x the FP32 non-flush step",
+           5.0, ">=", _nvfp4_nonflush),
+    Target("every-kernel-bandwidth", "every kernel at >= 85% of copy bandwidth on its counted bytes",
+           0.85, ">=", _every_kernel_bw),
+    Target("replay-fp32-vs-fla", "GDN ReplaySSM FP32 window >= 1.7x FLA's fused recurrent decode",
+           1.7, ">=", _vs_fla, kinds=("gdn",)),
+    Target("verify-replay-fp32", "verify of T drafts (replay-fp32) <= 1.0x one conventional step",
+           1.0, "<=", _verify("replay-fp32")),
+    Target("verify-nvfp4", f"verify of T drafts ({NVFP4_PRESET}) <= 1.0x one conventional step",
+           1.0, "<=", _verify(NVFP4_PRESET)),
+    Target("batch1-no-regression", "batch 1: every ReplaySSM window >= 0.90x the conventional step",
+           0.9, ">=", _batch1, batch_min=1, batch_max=1),
+)
+
+
+def evaluate(rows: Iterable[dict], targets: Iterable[Target] = TARGETS) -> list[Verdict]:
+    """One verdict per target and (shape, batch) of ``rows`` that the target applies to and
+    whose rows it needs are present."""
+    groups: dict[tuple[str, int], dict[str, dict]] = {}
+    kinds: dict[str, str] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["batch"]), {})[r["config"]] = r
+        kinds[r["shape"]] = r.get("kind", "")
+    out = []
+    for t in targets:
+        for (shape, batch), grp in sorted(groups.items()):
+            if not t.applies(batch, kinds[shape]):
+                continue
+            got = t.measure(grp)
+            if got is None:
+                continue
+            value, detail = got
+            out.append(Verdict(t.name, shape, batch, value, t.bound, t.op, t.meets(value), detail))
+    return out
+
+
+def _fmt(v: float) -> str:
+    return "nan" if v != v or math.isinf(v) else f"{v:.3f}"
+
+
+def markdown(verdicts: list[Verdict], targets: Iterable[Target] = TARGETS) -> str:
+    """A table per target: shape, batch, value against the bound, met or not, and why."""
+    texts = {t.name: t.text for t in targets}
+    met = sum(v.met for v in verdicts)
+    lines = ["## Targets", "", f"{met} of {len(verdicts)} (target, shape, batch) checks met.", ""]
+    for name in dict.fromkeys(v.target for v in verdicts):
+        lines += [f"### {name}: {texts.get(name, name)}", "",
+                  "| shape | batch | value | bound | met | detail |", "|---|---:|---:|---|---|---|"]
+        for v in (v for v in verdicts if v.target == name):
+            lines.append(f"| {v.shape} | {v.batch} | {_fmt(v.value)} | {v.op} {v.bound:g} | "
+                         f"{'yes' if v.met else '**no**'} | {v.detail} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_rows(paths: Iterable[Path]) -> list[dict]:
+    """The rows of ``decode.json`` files; a later file's (shape, batch, config) replaces an
+    earlier one's."""
+    rows: dict[tuple, dict] = {}
+    for p in paths:
+        try:
+            data = json.loads(Path(p).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"cannot read {p}: {e}") from e
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise SystemExit(f"{p} is not a decode.py result (no 'rows' list)")
+        for r in data["rows"]:
+            rows[(r["shape"], r["batch"], r["config"])] = r
+    return list(rows.values())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", type=Path, help="decode.json files of benchmarks/decode.py")
+    ap.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+    ap.add_argument("--json", type=Path, default=None, help="write the verdicts as JSON here")
+    args = ap.parse_args(argv)
+    verdicts = evaluate(load_rows(args.results))
+    md = markdown(verdicts)
+    if args.out:
+        args.out.write_text(md + "\n")
+    if args.json:
+        args.json.write_text(json.dumps([v.as_dict() for v in verdicts], indent=1))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
