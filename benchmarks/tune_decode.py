@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import json
 import os
 import sys
 import time
@@ -228,12 +229,23 @@ def _variants(kind: str, cfg, args) -> list[dict]:
     return out
 
 
+def _json_knobs(text: str) -> dict:
+    """``--check-knobs``: a JSON object of step keyword arguments."""
+    try:
+        knobs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(knobs, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object of step knobs")
+    return knobs
+
+
 def _check_kw(args) -> dict:
     """Step knobs the preset checks run with (the library's defaults unless asked)."""
     kw = {"flush_fold": args.check_fold} if args.check_fold else {}
     if args.check_flush_precision:
         kw["flush_precision"] = args.check_flush_precision
-    return kw
+    return {**kw, **args.check_knobs}
 
 
 
@@ -339,6 +351,8 @@ def main() -> int:
                     help="run the preset checks with this flush_precision")
     ap.add_argument("--check-fold", choices=list(km.FLUSH_FOLDS), default=None,
                     help="run the preset checks with this flush_fold (default: the library's)")
+    ap.add_argument("--check-knobs", type=_json_knobs, default={}, metavar="JSON",
+                    help='more step knobs for the preset checks, e.g. \'{"early_loads": true}\'')
     ap.add_argument("--verify", action="store_true",
                     help="sweep the speculative verify's tiles x warps (8 drafts) instead")
     ap.add_argument("--vblocks", type=int, nargs="*", default=[16, 32, 64])
