@@ -42,42 +42,48 @@ def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
 
 _LINE = re.compile(r"^(?P<tag>\S+) B=(?P<batch>\d+) (?P<shape>\S+)\s+(?P<preset>\S+)\s+"
                    r"(?P<knobs>\{.*\})\s+(?:win\s+(?P<win>[\d.]+) nf\s+(?P<nf>[\d.]+) "
-                   r"fl\s+(?P<fl>[\d.]+)|(?:flush|verify)\s+(?P<flush>[\d.]+))\s*$")
+                   r"fl\s+(?P<fl>[\d.]+)|(?P<mode>flush|verify)\s+(?P<flush>[\d.]+))\s*$")
 
 
 def parse_log(path: str) -> dict[tuple, dict]:
-    """The timed lines of a log this script wrote, keyed by (batch, shape, preset, knobs):
-    ``win``, ``nf``, ``fl`` in us for a window, ``flush`` for a flush; other lines (compile
-    and copy-bandwidth lines, comments) are skipped."""
-    out = {}
+    """The timed lines of a log this script wrote, keyed by (batch, shape, preset, knobs,
+    mode): ``win``, ``nf``, ``fl`` in us for a window, ``flush`` for a flush or a verify,
+    each the mean over the log's repeats of that variant, and ``n`` the repeats; other lines
+    (compile and copy-bandwidth lines, comments) are skipped."""
+    runs: dict[tuple, list[dict]] = {}
     for line in Path(path).read_text().splitlines():
         m = _LINE.match(line)
         if m:
-            key = (int(m["batch"]), m["shape"], m["preset"], json.dumps(json.loads(m["knobs"])))
-            out[key] = {k: float(m[k]) for k in ("win", "nf", "fl", "flush") if m[k] is not None}
-    return out
+            key = (int(m["batch"]), m["shape"], m["preset"], json.dumps(json.loads(m["knobs"])),
+                   m["mode"] or "window")
+            runs.setdefault(key, []).append(
+                {k: float(m[k]) for k in ("win", "nf", "fl", "flush") if m[k] is not None})
+    return {key: {**{k: round(sum(r[k] for r in rows) / len(rows), 2) for k in rows[0]},
+                  "n": len(rows)} for key, rows in runs.items()}
 
 
 def compare(old: dict, new: dict) -> str:
-    """A Markdown table of the variants both runs timed: time in each, the change, and the
-    ratio to the conventional FP32 step (preset ``fp32``, no knobs) of the same run."""
+    """A Markdown table of the variants both runs timed: time in each (the mean of its
+    repeats), the change, and the conventional FP32 step (preset ``fp32`` window, no knobs)
+    of the same run over that time: a window's speed-up, or a verify's ratio to one step."""
     def conv(run: dict, b: int, shape: str) -> float | None:
-        row = run.get((b, shape, "fp32", "{}"))
+        row = run.get((b, shape, "fp32", "{}", "window"))
         return row["win"] if row else None
 
     def time_of(row: dict) -> float:
         return row["win"] if "win" in row else row["flush"]
 
-    lines = ["| batch | shape | preset | knobs | old us | new us | change | old x conv | new x conv |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| batch | shape | preset | knobs | mode | old us | new us | change | old x conv "
+             "| new x conv |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for key in [k for k in old if k in new]:
-        b, shape, preset, knobs = key
+        b, shape, preset, knobs, mode = key
         t0, t1 = time_of(old[key]), time_of(new[key])
         ratios = []
         for run, t in ((old, t0), (new, t1)):
             c = conv(run, b, shape)
-            ratios.append(f"{c / t:.2f}x" if c and "win" in run[key] else "-")
-        lines.append(f"| {b} | {shape} | {preset} | {knobs} | {t0:.1f} | {t1:.1f} | "
+            ratios.append(f"{c / t:.2f}x" if c and mode != "flush" else "-")
+        lines.append(f"| {b} | {shape} | {preset} | {knobs} | {mode} | {t0:.1f} | {t1:.1f} | "
                      f"{t1 / t0 - 1:+.1%} | {ratios[0]} | {ratios[1]} |")
     return "\n".join(lines)
 

@@ -152,17 +152,42 @@ def test_time_variants_compare_pairs_two_committed_logs(capsys):
     old = mod.parse_log(str(kdir / "tune_r101_relaxed_b1_old.log"))
     new = mod.parse_log(str(kdir / "tune_r101_relaxed_b1_new.log"))
     assert len(old) == len(new) == 16
-    key = (1, "qwen3.5-4b", "replay-fp32", "{}")
+    key = (1, "qwen3.5-4b", "replay-fp32", "{}", "window")
     assert old[key]["win"] == 4.4 and new[key]["win"] == 4.0 and new[key]["fl"] == 5.0
+    assert new[key]["n"] == 1
     assert mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
                      str(kdir / "tune_r101_relaxed_b1_new.log")]) == 0
     table = capsys.readouterr().out
-    assert "| 1 | qwen3.5-4b | replay-fp32 | {} | 4.4 | 4.0 | -9.1% | 0.95x | 1.00x |" in table
+    assert "| 1 | qwen3.5-4b | replay-fp32 | {} | window | 4.4 | 4.0 | -9.1% | 0.95x | 1.00x |" in table
     flushes = mod.parse_log(str(kdir / "tune_r40_readcopy_flush_ab.log"))  # flush-mode lines
-    assert flushes and any(set(v) == {"flush"} for v in flushes.values())
+    assert flushes and any(set(v) == {"flush", "n"} and k[-1] == "flush"
+                           for k, v in flushes.items())
     with pytest.raises(SystemExit):
         mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
                   str(kdir / "tune_r99_evict_old.log")])
+
+
+def test_time_variants_log_keeps_modes_apart_and_averages_repeats(tmp_path):
+    """A variant timed as a window and as a verify gives two entries (the mode is part of the
+    key), and a variant timed twice in one log is the mean of both lines; the verify's ratio
+    to the conventional step comes out of the same run."""
+    spec = importlib.util.spec_from_file_location("time_variants",
+                                                  ROOT / "benchmarks" / "time_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    conv = "t B=256 qwen3.5-4b  fp32  {}  win  266.0 nf  266.0 fl  266.0"
+    body = [conv, "t B=256 qwen3.5-4b  replay-fp32  {}  win  172.0 nf  160.0 fl  360.0",
+            "t B=256 qwen3.5-4b  replay-fp32  {}  verify  250.0",
+            "t B=256 qwen3.5-4b  replay-fp32  {}  verify  260.0"]
+    old, new = tmp_path / "old.log", tmp_path / "new.log"
+    old.write_text("\n".join(body) + "\n")
+    new.write_text("\n".join([conv, "t B=256 qwen3.5-4b  replay-fp32  {}  verify  240.0"]) + "\n")
+    runs = mod.parse_log(str(old))
+    assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "window")]["win"] == 172.0
+    assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "verify")] == {"flush": 255.0, "n": 2}
+    table = mod.compare(runs, mod.parse_log(str(new)))
+    assert "| 256 | qwen3.5-4b | replay-fp32 | {} | verify | 255.0 | 240.0 | -5.9% | 1.04x | 1.11x |" in table
+    assert "| window | 172.0 |" not in table  # the new log has no window of it
 
 
 def _targets_module():

@@ -320,6 +320,12 @@ def test_split_dot_products_are_exact(terms, src):
     assert bool((run(terms) <= bound).all())
     if terms > 1:
         assert not bool((run(terms - 1) <= bound).all())
+    a[0, 3], a[1, 5] = float("nan"), -float("nan")
+    if terms > 1:  # fp32 / fp16 states: a NaN whose top 16 bits alone would be inf
+        a.view(torch.int32)[2, 7] = 0x7F800001
+    nans = 3 if terms > 1 else 2
+    out = run(terms)
+    assert bool(out[:nans].isnan().all()) and bool(out[nans:].isfinite().all())
 
 
 def test_fp16_sr_subnormal_tiles():
