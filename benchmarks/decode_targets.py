@@ -5,7 +5,7 @@ bound that number must meet. ``evaluate`` turns the rows of one or more sweeps i
 verdict per (target, shape, batch), with the numbers behind it, so a report states which
 targets hold and by how much the others miss instead of leaving that to a reader:
 
-    python benchmarks/decode_targets.py reports/kernels/decode_r120.json \\
+    python benchmarks/decode_targets.py reports/kernels/decode_r130.json \\
         reports/kernels/decode_r121.json --out reports/kernels/targets.md --json targets.json
 
 `decode.py` appends the same table to every ``decode.md`` it writes. A target only judges the

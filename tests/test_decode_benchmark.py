@@ -285,3 +285,26 @@ def test_decode_outputs_carry_the_targets(tmp_path):
     assert {d["target"] for d in data["targets"]} >= {"replay-fp32-window", "verify-replay-fp32"}
     md = (tmp_path / "decode.md").read_text()
     assert md.index("## qwen3.5-4b, batch 256") < md.index("## Targets")
+
+
+def test_read_bandwidth_checks_every_variant_and_writes_its_table(tmp_path):
+    """``read_bandwidth.py`` runs each kind of variant (torch, grid, persistent, the step mock
+    with and without its cursor chain and ring) on a small state under the interpreter,
+    checks each against a float64 product, and writes the table; impossible tilings are
+    refused before anything runs."""
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("read_bandwidth",
+                                                  ROOT / "benchmarks" / "read_bandwidth.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "rb"
+    assert mod.main(["--rows", "8192", "--group-rows", "1024", "--grid-rows", "32",
+                     "--persistent-rows", "64", "--warps", "1", "--stages", "2", "--per-sm", "2",
+                     "--step-rows", "64", "--reps", "1", "--out", str(out)]) == 0
+    table = out.with_suffix(".md").read_text()
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| torch", "| grid", "| persistent"] + ["| step"] * 4
+    assert "'chain': True, 'ring': True" in table
+    with pytest.raises(SystemExit):
+        mod.main(["--rows", "4096", "--group-rows", "1024", "--step-rows", "64"])
