@@ -79,9 +79,11 @@ def test_time_variants_jobs_files(tmp_path):
 
 def test_process_state_probe_on_tiny_shapes(monkeypatch):
     """benchmarks/probe_process_state.py times both steps of every probed shape at all four
-    points (CPU dry run on tiny shapes: reference steps, plain timing)."""
+    points (CPU dry run on tiny shapes: interpreted kernels, plain timing; two steps to a
+    graph and a window of two, so the dry run stays short)."""
+    from dataclasses import replace
 
-    from replayssm_quant.precision import ModelShape
+    from replayssm_quant.precision import PRESETS, ModelShape
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("probe_state",
@@ -92,6 +94,8 @@ def test_process_state_probe_on_tiny_shapes(monkeypatch):
             "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 32, 32, 1)}
     monkeypatch.setattr(mod, "SHAPES", tiny)
     monkeypatch.setattr(mod, "CHURN_CONFIGS", ("fp32",))
+    monkeypatch.setattr(mod, "PRESETS", {**PRESETS, "replay-fp32": replace(PRESETS["replay-fp32"], L=2)})
+    monkeypatch.setattr(sys.modules["decode"], "CONV_STEPS", 2)
     out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=2, reps=1, device="cpu")
     assert [p for p, _ in out] == ["fresh", "after tiny-m2", "after empty_cache", "again"]
     for _, t in out:

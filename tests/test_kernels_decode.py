@@ -729,14 +729,16 @@ def test_register_caps_reach_the_launches(kind):
 @pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "fp8-read/fp32", "replay-fp32"])
 def test_whole_head_non_flush_matches_reference(name):
     """A head dim that is no power of two (24: 16 + 8 rows) in one program per head, by default
-    for narrow reads at the default tile rows and on request for others, matches the
+    at the default tile rows (for an fp32 read not in one-launch steps), matches the
     reference; so do the padded tiles it replaces."""
     from replayssm_quant.kernels.mamba2 import whole_head_default, whole_head_rows
 
     assert whole_head_rows(80, 128) == (64, 16) and whole_head_rows(64, 128) is None
     assert whole_head_rows(24, 32) == (16, 8) and whole_head_rows(200, 128) is None
     cfg = _small_L(PRESETS[name])
-    assert whole_head_default(cfg) == (name != "replay-fp32")
+    assert whole_head_default(cfg)  # every read at batch > 4
+    assert whole_head_default(cfg, one_launch=True) == (name != "replay-fp32")
+    assert not whole_head_default(PRESETS["fp32"])
     for one_launch in (True, False):  # flushes on the step's two row passes, or apart
         _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=None, whole_head=True,
              one_launch=one_launch)

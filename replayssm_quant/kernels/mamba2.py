@@ -612,7 +612,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     BP2 = 0
     split = whole_head_rows(P, N) if cache.capacity else None
     if whole_head is None:
-        whole_head = whole_head_default(cfg) and block_p is None and BP == kb
+        whole_head = whole_head_default(cfg, ol) and block_p is None and BP == kb
     if whole_head and split is not None:
         BP, BP2 = split
     tiles = 1 if BP2 else triton.cdiv(P, BP)
@@ -795,11 +795,19 @@ def whole_head_rows(P: int, N: int) -> tuple[int, int] | None:
     return bp, triton.next_power_of_2(P - bp)
 
 
-def whole_head_default(cfg) -> bool:
-    """Whether a non-flush step covers each head in one program (``whole_head``) by default:
-    for steps reading an fp8 / NVFP4 copy, which are bound by instruction issue, so padding
-    rows and a second program per head cost time (H200, batch 256, reports/kernels)."""
-    return cfg.L > 1 and reads_narrow_copy(cfg)
+def whole_head_default(cfg, one_launch: bool = False) -> bool:
+    """Whether a non-flush step covers each head in one program (``whole_head``) by default,
+    measured on the H200 (reports/kernels):
+
+    * steps reading an fp8 / NVFP4 copy, which are bound by instruction issue, so padding rows
+      and a second program per head cost time (batch 256, tune_r57_whole_head.log);
+    * steps reading an fp32 state, except one-launch steps (small batches): Nemotron-3-Nano-4B's
+      replay-fp32 window with one one-warp program per head (rows 64 + 16) instead of three
+      32-row programs, 294.3 -> 287.2 us at batch 256, 572.0 -> 559.5 at 512, 79.9 -> 78.7 at
+      64 and 27.1 -> 26.1 at 16. A flush step then ends its non-flush launch of exiting
+      programs sooner (632 -> 600 us at 256), and the non-flush step is faster too (271.9 ->
+      266.4 us) (tune_r132_nano_whole_head*.log)."""
+    return cfg.L > 1 and (reads_narrow_copy(cfg) or not one_launch)
 
 
 def reads_narrow_copy(cfg) -> bool:
