@@ -3,6 +3,8 @@ and a non-flush step), from torch.profiler over 10 eager steps. CUDA only.
 
     python benchmarks/profile_step.py
     python benchmarks/profile_step.py --cases qwen3.5-122b-a10b:nvfp4-read/fp32 --batch 1
+    python benchmarks/profile_step.py --batch 256 --cases nemotron-3-super-120b:replay-fp32 \
+        --knobs '{"flush_first": false}'
 
 With ``--plain MODE`` it only runs five eager steps of each case (MODE ``flush``: every row
 flushing, ``nonflush``: none, ``step``: a conventional preset's step), for a profiler that
@@ -19,6 +21,7 @@ picks kernels itself, e.g. Nsight Compute (reports/kernels/ncu_profiles.txt):
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,7 +33,7 @@ CASES = ["qwen3.5-122b-a10b:nvfp4-read/fp32", "qwen3.5-122b-a10b:replay-fp32",
          "nemotron-3-super-120b:nvfp4-read/fp16-sr", "nemotron-3-super-120b:replay-fp32"]
 
 
-def plain_steps(shape, batch: int, cfg, mode: str) -> None:
+def plain_steps(shape, batch: int, cfg, mode: str, knobs: dict | None = None) -> None:
     """Five eager decode steps of one kind, nothing timed."""
     import torch
     from decode import Workload
@@ -42,7 +45,7 @@ def plain_steps(shape, batch: int, cfg, mode: str) -> None:
     if mode != "step":
         w.cache.cursor.fill_(cfg.L - 1 if mode == "flush" else 0)
     for _ in range(5):
-        w.step(0, advance=mode == "step")
+        w.step(0, advance=mode == "step", **(knobs or {}))
     torch.cuda.synchronize()
 
 
@@ -52,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", nargs="*", type=int, default=[1, 256])
     ap.add_argument("--plain", choices=["flush", "nonflush", "step"], default=None,
                     help="only run five eager steps of this kind per case (for ncu)")
+    ap.add_argument("--knobs", type=json.loads, default={},
+                    help='step knobs as JSON, e.g. \'{"flush_first": false}\' (printed on each line)')
     args = ap.parse_args(argv)
     import torch
     from decode import Workload
@@ -64,7 +69,7 @@ def main(argv=None) -> int:
             s, name = case.split(":", 1)
             cfg = PRESETS[name]
             if args.plain:
-                plain_steps(SHAPES[s], batch, cfg, args.plain)
+                plain_steps(SHAPES[s], batch, cfg, args.plain, args.knobs)
                 continue
             if cfg.L == 1:
                 raise SystemExit(f"{name} is conventional: it has no flush step to profile")
@@ -72,15 +77,16 @@ def main(argv=None) -> int:
             for cur, tag in ((cfg.L - 1, "flush"), (3, "nonflush")):
                 w.cache.cursor.fill_(cur)
                 for _ in range(3):
-                    w.step(0, advance=False)
+                    w.step(0, advance=False, **args.knobs)
                 torch.cuda.synchronize()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(10):
-                        w.step(0, advance=False)
+                        w.step(0, advance=False, **args.knobs)
                     torch.cuda.synchronize()
                 parts = [f"{e.key.replace('_kernel', '')}={e.device_time:.1f}"
                          for e in prof.key_averages() if e.count >= 10 and "kernel" in e.key]
-                print(f"B={batch:3d} {s:22s} {name:20s} {tag:8s} " + " ".join(sorted(parts)),
+                knobs = f" {json.dumps(args.knobs)}" if args.knobs else ""
+                print(f"B={batch:3d} {s:22s} {name:20s}{knobs} {tag:8s} " + " ".join(sorted(parts)),
                       flush=True)
             del w
             torch.cuda.empty_cache()

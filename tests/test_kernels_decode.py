@@ -167,6 +167,30 @@ def test_stale_ring_records_are_never_read(kind, name, one_launch):
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["replay-fp32", "shared-nvfp4"])
+def test_ring_products_of_two_groups_per_program(kind, name):
+    """The ring-products launch with two groups (Mamba-2) / key heads (GDN) per program, on
+    rows flushing on different steps with NaN in every stale ring record."""
+    _run(kind, _small_L(PRESETS[name]), stagger=True, poison_ring=True, one_launch=False,
+         fuse_prep=False, prep_groups=2)
+
+
+def test_prep_groups_choice():
+    """One wave of ring-products programs: one group per program up to 2048 programs, then
+    doubling while the groups divide; a count that does not divide them is refused."""
+    from replayssm_quant.kernels.mamba2 import prep_groups_default
+
+    assert prep_groups_default(256, 8) == 1 and prep_groups_default(512, 8) == 2
+    assert prep_groups_default(256, 16) == 2 and prep_groups_default(1024, 16) == 8
+    assert prep_groups_default(4096, 3) == 1
+    cfg = _small_L(PRESETS["replay-fp32"])
+    for kind in ("mamba2", "gdn"):
+        for bad in (3, 4, 0):  # groups / key heads are 2 in these layers
+            with pytest.raises(ValueError, match="prep_groups must be a power of two"):
+                _run(kind, cfg, steps=1, one_launch=False, prep_groups=bad)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 def test_one_launch_ticket_is_rearmed(kind):
     """One cache stepped through two flushes as one launch per step: every row's counter is 0
     after every step (each row's last program re-arms it), the cursors and flush indices

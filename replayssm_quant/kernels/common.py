@@ -570,9 +570,10 @@ def pow2_prescale(v_ptr, N: tl.constexpr):
 
 @triton.jit
 def pow2_prescale_of(v):
-    """``pow2_prescale`` of a loaded vector (the ring-products launch forms it once per row
-    and group / key head, so the non-flush programs of every head read two floats)."""
-    m = tl.max(tl.abs(v), 0)
+    """``pow2_prescale`` of a loaded vector, or of each row of a (rows, N) tile (the
+    ring-products launch forms it once per row and group / key head, so the non-flush
+    programs of every head read two floats)."""
+    m = tl.max(tl.abs(v), len(v.shape) - 1)
     e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF
     se = tl.minimum(tl.maximum(318 - e, 127), 252)
     return (se << 23).to(tl.float32, bitcast=True), ((380 - se) << 23).to(tl.float32, bitcast=True)

@@ -47,12 +47,14 @@ from .mamba2 import (
     _state_args,
     advance_cursor,
     advance_rows,
+    check_prep_groups,
     default_fold_precision,
     finish_row,
     flush_list,
     fold_precision,
     fused_prep_default,
     pdl_edges_of,
+    prep_groups_default,
     reads_narrow_copy,
     resolve_one_launch,
     resolve_pdl,
@@ -153,13 +155,31 @@ def _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK: tl.con
     return kkt, kq, kq0
 
 
+@triton.jit
+def _key_products_of(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK: tl.constexpr,
+                     K: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr):
+    """``_key_products`` of the key heads ``hk`` (a vector) of row b, stored: every key head's
+    loads are issued at once."""
+    kk = tl.arange(0, K)
+    j = tl.arange(0, LB)
+    q = tl.load(q_ptr + (b * HK + hk)[:, None] * K + kk[None, :]).to(tl.float32)
+    k = tl.load(k_ptr + (b * HK + hk)[:, None] * K + kk[None, :]).to(tl.float32)
+    Kr = tl.load(kr_ptr + slot * s_kr
+                 + (hk[:, None, None] * CAP + j[None, :, None]) * K + kk[None, None, :],
+                 mask=(j < c)[None, :, None], other=0.0).to(tl.float32)
+    out = kd_ptr + (b * HK + hk) * (2 * LB + 1)
+    tl.store(out[:, None] + j[None, :], tl.sum(Kr * k[:, None, :], axis=2))
+    tl.store(out[:, None] + LB + j[None, :], tl.sum(Kr * q[:, None, :], axis=2))
+    tl.store(out + 2 * LB, tl.sum(k * q, axis=1))
+
+
 @triton.jit(do_not_specialize=["nrows"])
 def _gdn_prep_kernel(
     q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, fi_ptr, kd_ptr,
     ti_ptr, list_ptr, nrows,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr,
     LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, UT: tl.constexpr,
-    FOLD_PREC: tl.constexpr = "ieee", PDL: tl.constexpr = False,
+    FOLD_PREC: tl.constexpr = "ieee", PDL: tl.constexpr = False, PK: tl.constexpr = 1,
 ):
     """Per (row, key head, value head of the key head), once per step: ``k_j . k`` and
     ``k_j . q`` for the buffered keys and ``k . q`` (program r = 0; every value head of a key
@@ -169,9 +189,10 @@ def _gdn_prep_kernel(
     ``M[j, i] = beta_j exp(g_{i+1} + .. + g_j) k_j . k_i`` (i < j): the flush then gets its u's as
     ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1 dependent
     steps. One value head per program keeps the chain of products short at small batch
-    (the grid's third axis is 1 without UT). With PDL the non-flush launch may start at once
-    (``release_dependents``): its ring records go to position c, these products read the
-    records before c."""
+    (the grid's third axis is 1 without UT). Without UT a program forms the products of PK
+    key heads, loaded at once (``mamba2.prep_groups_default``). With PDL the non-flush launch
+    may start at once (``release_dependents``): its ring records go to position c, these
+    products read the records before c."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     r = tl.program_id(2)
@@ -183,7 +204,11 @@ def _gdn_prep_kernel(
         kk = tl.arange(0, K)
         j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
-        if r == 0:
+        if PK > 1:
+            tl.static_assert(not UT, "the UT transform takes one key head per program")
+            _key_products_of(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk * PK + tl.arange(0, PK),
+                             slot, c, HK, K, CAP, LB)
+        elif r == 0:
             _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK, K, CAP, LB,
                           True)
         if UT:
@@ -611,19 +636,21 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     fuse_advance: bool = True, fuse_prep: bool | None = None,
                     maxnreg: int | None = None, flush_maxnreg: int | None = None,
                     one_launch: bool | None = None, pdl: bool | str | None = None,
-                    early_loads: bool = False,
+                    early_loads: bool = False, prep_groups: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
     ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg``, ``one_launch``,
-    ``pdl`` and ``early_loads`` as for Mamba-2; the UT-transform flush, ``flush_fold="dot"``
-    with a read copy, needs its own launch and is never one launch)."""
+    ``pdl``, ``early_loads`` and ``prep_groups`` (key heads per ring-products program) as for
+    Mamba-2; the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs its own
+    launch and is never one launch)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
     HV, HK, V, K = _check(cache, q, k, v, g, beta, slots)
+    check_prep_groups(prep_groups, HK, "key heads")
     cfg = cache.cfg
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
@@ -666,12 +693,13 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         # the UT transform needs its own launch; otherwise small batches fold it away
         fp = ol or (not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep))
         if not fp:
-            _gdn_prep_kernel[(Bsz, HK, HV // HK if ut else 1)](
+            pk = 1 if ut else prep_groups or prep_groups_default(Bsz, HK)
+            _gdn_prep_kernel[(Bsz, HK // pk, HV // HK if ut else 1)](
                 q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
                 cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
                 CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
                 FOLD_PREC="ieee" if fprec == "bf16x3" else fprec,
-                PDL=use_pdl and "prep" in pdl_edges, num_warps=4)
+                PDL=use_pdl and "prep" in pdl_edges, PK=pk, num_warps=4)
         # programmatic launches: the non-flush launch after the ring products, the flush after it
         nf_pdl = use_pdl and not fp and "prep" in pdl_edges
         fl_pdl = use_pdl and not ol and "flush" in pdl_edges

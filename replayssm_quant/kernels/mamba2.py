@@ -117,10 +117,11 @@ def flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L: tl.constexpr, RB:
         slot = tl.load(slots_ptr + i, mask=m, other=-1)
         ok = m & (slot >= 0)
         c = tl.load(cur_ptr + slot, mask=ok, other=0)
+        fi = tl.load(fi_ptr + slot, mask=ok, other=0)  # with the cursors, not after them
         fl = ok & (c == L - 1)
         pos = count + tl.cumsum(fl.to(tl.int32), 0) - 1
         tl.store(list_ptr + 1 + 2 * pos, i, mask=fl)
-        tl.store(list_ptr + 2 + 2 * pos, tl.load(fi_ptr + slot, mask=fl, other=0) + 1, mask=fl)
+        tl.store(list_ptr + 2 + 2 * pos, fi + 1, mask=fl)
         count += tl.sum(fl.to(tl.int32), 0)
     tl.store(list_ptr, count)
 
@@ -175,34 +176,63 @@ def finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi_next, L: tl.constexpr,
 def _mamba2_prep_kernel(
     B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, fi_ptr, bc_ptr, list_ptr, nrows,
     G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    RB: tl.constexpr, PDL: tl.constexpr = False,
+    RB: tl.constexpr, PDL: tl.constexpr = False, PG: tl.constexpr = 1,
 ):
-    """Per (row, group), once per step: ``B_j . C`` for the buffered records, ``B . C`` for the
-    current token and C's NVFP4-decode prescales (``pow2_prescale``): every head of the group
-    reads these ``LB + 3`` floats (``bc_stride``) instead of the LB x N records and a
-    reduction over C; program (0, 0) also builds the flush list. With PDL the non-flush
-    launch may start at once (``release_dependents``): it writes nothing this launch reads
-    (its ring record goes to position c, these products read the records before c)."""
+    """Per (row, PG groups), once per step: ``B_j . C`` for the buffered records, ``B . C`` for
+    the current token and C's NVFP4-decode prescales (``pow2_prescale``): every head of a
+    group reads these ``LB + 3`` floats (``bc_stride``) instead of the LB x N records and a
+    reduction over C; program (0, 0) also builds the flush list. A program's PG groups are
+    loaded at once (``prep_groups_default``). With PDL the non-flush launch may start at once
+    (``release_dependents``): it writes nothing this launch reads (its ring record goes to
+    position c, these products read the records before c)."""
     b = tl.program_id(0)
-    g = tl.program_id(1)
+    g = tl.program_id(1) * PG + tl.arange(0, PG)
     release_dependents(PDL)
-    if (b == 0) & (g == 0):
+    if (b == 0) & (tl.program_id(1) == 0):
         flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, RB)
     slot = tl.load(slots_ptr + b)
     if slot >= 0:
         n = tl.arange(0, N)
         j = tl.arange(0, LB)
         c = tl.load(cur_ptr + slot)
-        Cv = tl.load(C_ptr + (b * G + g) * N + n).to(tl.float32)
-        Bv = tl.load(B_ptr + (b * G + g) * N + n).to(tl.float32)
-        Br = tl.load(Br_ptr + slot * s_Br + (g * CAP + j[:, None]) * N + n[None, :],
-                     mask=(j < c)[:, None], other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptr + (b * G + g)[:, None] * N + n[None, :]).to(tl.float32)
+        Bv = tl.load(B_ptr + (b * G + g)[:, None] * N + n[None, :]).to(tl.float32)
+        Br = tl.load(Br_ptr + slot * s_Br
+                     + (g[:, None, None] * CAP + j[None, :, None]) * N + n[None, None, :],
+                     mask=(j < c)[None, :, None], other=0.0).to(tl.float32)
         out = bc_ptr + (b * G + g) * (LB + 3)
-        tl.store(out + j, tl.sum(Br * Cv[None, :], axis=1))
-        tl.store(out + LB, tl.sum(Bv * Cv, axis=0))
+        tl.store(out[:, None] + j[None, :], tl.sum(Br * Cv[:, None, :], axis=2))
+        tl.store(out + LB, tl.sum(Bv * Cv, axis=1))
         sc, cc = pow2_prescale_of(Cv)
         tl.store(out + LB + 1, sc)
         tl.store(out + LB + 2, cc)
+
+
+PREP_ONE_WAVE = 2048
+
+
+def check_prep_groups(prep_groups: int | None, groups: int, what: str) -> None:
+    """Refuse a ``prep_groups`` that is not a power of two dividing the layer's ``what``."""
+    if prep_groups is not None and (prep_groups < 1 or prep_groups & (prep_groups - 1)
+                                    or groups % prep_groups):
+        raise ValueError(f"prep_groups must be a power of two dividing the {what} ({groups}), "
+                         f"got {prep_groups}")
+
+
+def prep_groups_default(batch: int, groups: int) -> int:
+    """Groups (Mamba-2) or key heads (GDN) per ring-products program: the fewest, from 1 and
+    doubling, that keep the launch within ``PREP_ONE_WAVE`` programs (16 four-warp programs
+    on each of the H200's 132 SMs hold 2112 at once), so the products take one wave of
+    memory round trips rather than two. Measured on the H200
+    (reports/kernels/profile_r137_prep_groups.log, tune_r137_prep_b*.log): the launch on
+    Qwen3.5-4B / 122B took 8.4 -> 7.0 us at batch 256 and 14.5 -> 9.4 us at 512, on
+    Nemotron-3-Super 7.5 -> 5.6 us at 512; replay-fp32 windows at batch 512: Qwen3.5-4B
+    329.0 -> 324.6 us, 122B 626.4 -> 621.6, Super 581.7 -> 580.2, Nano-4B 557.7 -> 556.3;
+    at batch 256 Qwen3.5-4B 171.9 -> 170.1 (122B unchanged)."""
+    pg = 1
+    while batch * groups // pg > PREP_ONE_WAVE and groups % (2 * pg) == 0:
+        pg *= 2
+    return pg
 
 
 @triton.jit
@@ -562,7 +592,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        maxnreg: int | None = None, flush_maxnreg: int | None = None,
                        whole_head: bool | None = None, one_launch: bool | None = None,
                        nvfp4_decode: str | None = None, pdl: bool | str | None = None,
-                       early_loads: bool = False,
+                       early_loads: bool = False, prep_groups: int | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -591,12 +621,14 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     record (``ring_records``); off by default: at batch 1 (one launch) it took 0.2-0.4 us off
     the GDN NVFP4 / fp8 non-flush steps but added 1.1-3.2 us to every flush step, whose
     programs then also form the discarded non-flush output
-    (reports/kernels/tune_r111_early_b1.log).
+    (reports/kernels/tune_r111_early_b1.log). ``prep_groups`` (default
+    ``prep_groups_default``) sets the groups per ring-products program.
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
                               advance=advance, out=out)
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
+    check_prep_groups(prep_groups, G, "groups")
     cfg = cache.cfg
     e4m3 = (_nvfp4_decode(nvfp4_decode) == "e4m3" and not lut
             and (cache.read or cache.ckpt).fmt == "nvfp4")
@@ -639,10 +671,11 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
     fp = ol or (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
     if not fp:
-        _mamba2_prep_kernel[(Bsz, G)](
+        pg = prep_groups or prep_groups_default(Bsz, G)
+        _mamba2_prep_kernel[(Bsz, G // pg)](
             Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
             G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256,
-            PDL=use_pdl and "prep" in pdl_edges, num_warps=4)
+            PDL=use_pdl and "prep" in pdl_edges, PG=pg, num_warps=4)
     # programmatic launches: the non-flush launch after the ring products, the flush after it
     nf_pdl = use_pdl and not fp and "prep" in pdl_edges
     fl_pdl = use_pdl and not ol and "flush" in pdl_edges
