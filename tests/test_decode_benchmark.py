@@ -79,8 +79,8 @@ def test_time_variants_jobs_files(tmp_path):
 
 def test_process_state_probe_on_tiny_shapes(monkeypatch):
     """benchmarks/probe_process_state.py times both steps of every probed shape at all four
-    points (CPU dry run on tiny shapes: interpreted kernels, plain timing; two steps to a
-    graph and a window of two, so the dry run stays short)."""
+    points (CPU dry run on tiny shapes: interpreted kernels, plain timing; batch 1, two steps
+    to a graph and a window of two, so the dry run stays short)."""
     from dataclasses import replace
 
     from replayssm_quant.precision import PRESETS, ModelShape
@@ -90,13 +90,13 @@ def test_process_state_probe_on_tiny_shapes(monkeypatch):
                                                   ROOT / "benchmarks" / "probe_process_state.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    tiny = {"tiny-gdn": ModelShape("tiny-gdn", "gdn", 2, 32, 32, 1),
-            "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 32, 32, 1)}
+    tiny = {"tiny-gdn": ModelShape("tiny-gdn", "gdn", 2, 16, 32, 1),
+            "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 16, 32, 1)}
     monkeypatch.setattr(mod, "SHAPES", tiny)
     monkeypatch.setattr(mod, "CHURN_CONFIGS", ("fp32",))
     monkeypatch.setattr(mod, "PRESETS", {**PRESETS, "replay-fp32": replace(PRESETS["replay-fp32"], L=2)})
     monkeypatch.setattr(sys.modules["decode"], "CONV_STEPS", 2)
-    out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=2, reps=1, device="cpu")
+    out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=1, reps=1, device="cpu")
     assert [p for p, _ in out] == ["fresh", "after tiny-m2", "after empty_cache", "again"]
     for _, t in out:
         conv, window = t["tiny-gdn"]
@@ -136,8 +136,8 @@ def test_measure_times_steps_without_a_window_as_a_window(monkeypatch):
         return real(self, i, **kw)
 
     monkeypatch.setattr(mod.Workload, "step", step)
-    tiny = ModelShape("tiny-gdn", "gdn", 2, 32, 32, 1)
-    m = mod.measure(tiny, 2, PRESETS["fp32"], 1, device="cpu")
+    tiny = ModelShape("tiny-gdn", "gdn", 2, 16, 32, 1)
+    m = mod.measure(tiny, 1, PRESETS["fp32"], 1, device="cpu")
     assert m["window_us"] > 0 and m["window_us"] == m["flush_us"]
     assert sorted(set(seen)) == list(range(mod.CONV_STEPS))
 
@@ -303,7 +303,7 @@ def test_read_bandwidth_checks_every_variant_and_writes_its_table(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "rb"
-    assert mod.main(["--rows", "8192", "--group-rows", "1024", "--grid-rows", "32",
+    assert mod.main(["--rows", "8192", "--group-rows", "1024", "--grid-rows", "64",
                      "--persistent-rows", "64", "--warps", "1", "--stages", "2", "--per-sm", "2",
                      "--step-rows", "64", "--reps", "1", "--out", str(out)]) == 0
     table = out.with_suffix(".md").read_text()
