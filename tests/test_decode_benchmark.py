@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,3 +314,83 @@ def test_read_bandwidth_checks_every_variant_and_writes_its_table(tmp_path):
     assert "'chain': True, 'ring': True" in table
     with pytest.raises(SystemExit):
         mod.main(["--rows", "4096", "--group-rows", "1024", "--step-rows", "64"])
+
+
+def _nan_counts_module(monkeypatch):
+    from dataclasses import replace
+
+    from replayssm_quant.precision import ModelShape
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("nan_counts", ROOT / "benchmarks" / "nan_counts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "SHAPES", {"tiny-gdn": ModelShape("tiny-gdn", "gdn", 2, 16, 32, 1),
+                                        "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 16, 32, 1)})
+    monkeypatch.setattr(mod, "PRESETS", {k: replace(c, L=2) if c.L > 1 else c
+                                         for k, c in PRESETS.items()})
+    return mod
+
+
+ARGS = ["--shapes", "tiny-gdn", "tiny-m2", "--configs", "replay-fp32", "nvfp4-read/fp16-sr",
+        "fp16-sr", "--batch", "2", "--device", "cpu"]
+
+
+def test_nan_counts_checks_every_preset_on_tiny_shapes(monkeypatch, capsys):
+    """benchmarks/nan_counts.py (CPU, interpreted kernels, tiny shapes): each step with NaN
+    inputs reports exactly the NaNs in its checkpoint, a finite step none."""
+    mod = _nan_counts_module(monkeypatch)
+    assert mod.main(ARGS) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("nan ")]
+    assert len(lines) == 6 and all(ln.startswith("nan ok") for ln in lines)
+
+
+def test_nan_counts_flags_a_lost_count(monkeypatch, capsys):
+    """A step that reports fewer NaNs than it wrote is flagged and fails the run."""
+    mod = _nan_counts_module(monkeypatch)
+    step = mod.Workload.step
+
+    def losing(self, i, advance=True, **kw):
+        y = step(self, i, advance=advance, **kw)
+        self.cache.nan_count.zero_()
+        return y
+
+    monkeypatch.setattr(mod.Workload, "step", losing)
+    assert mod.main(["--shapes", "tiny-m2", "--configs", "replay-fp32", "--batch", "2",
+                     "--device", "cpu"]) == 1
+    assert "nan BAD" in capsys.readouterr().out
+
+
+def test_launch_probe_leaves_each_launch_out(monkeypatch):
+    """benchmarks/launch_probe.py: inside ``leave_out`` the left-out launches do not run and
+    the kernels come back afterwards; ``probe`` times every variant (CPU dry run, tiny
+    shape)."""
+    from dataclasses import replace
+
+    from replayssm_quant.kernels import mamba2
+    from replayssm_quant.precision import ModelShape
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("launch_probe", ROOT / "benchmarks" / "launch_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "SHAPES", {"tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 16, 32, 1)})
+    monkeypatch.setattr(mod, "PRESETS", {"replay-fp32": replace(PRESETS["replay-fp32"], L=4)})
+    monkeypatch.setattr(mod, "STEPS", 2)
+    launched = []
+    real = mamba2.launch_persistent
+    monkeypatch.setattr(mamba2, "launch_persistent",
+                        lambda *a, **k: launched.append(1) or real(*a, **k))
+    prep, flush = mamba2._mamba2_prep_kernel, mamba2.launch_persistent
+    w = mod.Workload(mod.SHAPES["tiny-m2"], 8, mod.PRESETS["replay-fp32"], steps=1, device="cpu")
+    with mod.leave_out("mamba2", True, True):
+        assert mamba2._mamba2_prep_kernel is not prep
+        w.step(0, advance=False)
+    assert not launched
+    assert mamba2._mamba2_prep_kernel is prep and mamba2.launch_persistent is flush
+    w.step(0, advance=False)
+    assert launched
+    t = mod.probe("tiny-m2", "replay-fp32", batch=8, reps=1, device="cpu")
+    assert list(t) == list(mod.VARIANTS) and all(v > 0 for v in t.values())
+    with pytest.raises(SystemExit, match="no launch to leave out"):
+        mod.probe("tiny-m2", "replay-fp32", batch=4, reps=1, device="cpu")

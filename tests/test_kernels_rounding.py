@@ -11,6 +11,7 @@ import triton.language as tl
 
 from replayssm_quant import formats as F
 from replayssm_quant.kernels.common import (
+    count_nans,
     e2m1_rn_code,
     philox,
     round_grid_rn_value,
@@ -353,3 +354,38 @@ def test_fp16_sr_subnormal_tiles():
         ref = F.round_elements(x, F.FORMATS["fp16"], "sr", r)
         assert _same(out, ref), tile
         assert bool((torch.signbit(out) == torch.signbit(ref)).all()), tile
+
+
+@triton.jit
+def _count_nans_kernel(S_ptr, q_ptr, out_ptr, NR, R: tl.constexpr, N: tl.constexpr):
+    r = tl.arange(0, R)
+    n = tl.arange(0, N)
+    S = tl.load(S_ptr + r[:, None] * N + n[None, :])
+    m = r < NR
+    tl.store(out_ptr, count_nans(S, m))
+    tl.store(out_ptr + 1, count_nans(S, m, tl.sum(S * tl.load(q_ptr + n)[None, :], axis=1)))
+    tl.store(out_ptr + 2, count_nans(S, m, None, False))
+
+
+@pytest.mark.parametrize("case", ["finite", "nans", "masked_nans", "infinities", "inf_and_nan"])
+def test_count_nans_is_exact(case):
+    """The NaN count of a state tile is exact whether or not its cheap sum is NaN: NaNs in
+    valid rows counted, those of masked rows not, infinities of both signs (a NaN sum over a
+    NaN-free tile) counted as none; with the tile's sum or a per-row output as the hint, and
+    without the branch."""
+    g = torch.Generator().manual_seed(7)
+    R, Nc, NR = 16, 32, 11
+    S = torch.randn(R, Nc, generator=g)
+    q = torch.randn(Nc, generator=g)
+    flat = S.view(-1)
+    if case in ("nans", "inf_and_nan"):
+        flat[torch.randperm(NR * Nc, generator=g)[:9]] = float("nan")
+    if case == "masked_nans":
+        S[NR:, ::3] = float("nan")
+    if case in ("infinities", "inf_and_nan"):
+        S[2, 5], S[7, 1], S[9, 9] = float("inf"), float("-inf"), float("inf")
+    want = int(torch.isnan(S[:NR]).sum())
+    out = torch.full((3,), -1, dtype=torch.int32)
+    _count_nans_kernel[(1,)](S, q, out, NR, R=R, N=Nc)
+    assert out.tolist() == [want] * 3
+    assert (want > 0) == (case in ("nans", "inf_and_nan"))

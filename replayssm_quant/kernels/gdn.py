@@ -101,7 +101,8 @@ def _gdn_conv_kernel(
         elem = rows[:, None] * K + kk[None, :]
         r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
         _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                             ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K, False)
+                             ck_bs_ptr + slot * s_ckbs, rows, kk, mv, CK_FMT, SR, BV, K, False,
+                             o)
         if nans > 0:
             tl.atomic_add(nan_ptr, nans)
         if ADVANCE:
@@ -479,7 +480,7 @@ def _gdn_flush_rows(b, h, vvf, mvf, slot, fi, kd_ptr, kkt_local,
                         ck_bs_ptr + slot * s_ckbs,
                         rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs,
                         rd_bs_ptr + slot * s_rdbs,
-                        CK_FMT, RD_FMT, SR, BVF, K)
+                        CK_FMT, RD_FMT, SR, BVF, K, of)
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])

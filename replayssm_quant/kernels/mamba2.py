@@ -85,7 +85,8 @@ def _mamba2_conv_kernel(
         elem = rows[:, None] * N + n[None, :]
         r = sr_words_for(seed, layer, slot, fi, elem, CK_FMT) if SR else elem.to(tl.uint32)
         _, nans = store_rows(S, r, ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                             ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N, False)
+                             ck_bs_ptr + slot * s_ckbs, rows, n, mp, CK_FMT, SR, BP, N, False,
+                             y)
         if nans > 0:
             tl.atomic_add(nan_ptr, nans)
         if ADVANCE:
@@ -482,7 +483,7 @@ def _mamba2_flush_rows(b, h, pf, mpf, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_p
     return write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
                        ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs, ck_bs_ptr + slot * s_ckbs,
                        rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs, rd_bs_ptr + slot * s_rdbs,
-                       CK_FMT, RD_FMT, SR, BPF, N)
+                       CK_FMT, RD_FMT, SR, BPF, N, yf)
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
