@@ -1,14 +1,14 @@
 """Where a ReplaySSM non-flush step's time goes (CUDA): 16 non-flush steps to a CUDA graph with
-every cursor held at 0 (no ring record read, no advance), timed whole and with the step's
-ring-products launch, its flush launch, or both left out (their kernels replaced by no-ops, so
-the outputs are wrong and only the times mean something). The differences are what each
-launch costs the step, gaps between launches included.
+every cursor held at 0 (no ring record read, no advance), timed whole, without the flush
+launch, and without both the flush and the ring-products launches (their kernels replaced by
+no-ops, so the outputs are wrong and only the times mean something). The differences are
+what each launch costs the step, gaps between launches included. The ring-products launch is
+never left out alone: it also builds the flush list the flush launch reads.
 
     python benchmarks/launch_probe.py                       # batch 256, two presets, four shapes
     python benchmarks/launch_probe.py --batch 512 --configs replay-fp32
 
-Each line: us per step for ``whole``, ``no_prep``, ``no_flush`` and ``kernel`` (the non-flush
-kernel alone).
+Each line: us per step for ``whole``, ``no_flush`` and ``kernel`` (the non-flush kernel alone).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from replayssm_quant.kernels import gdn, mamba2  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES  # noqa: E402
 
 CONFIGS = ("replay-fp32", "nvfp4-read/fp16-sr")
-VARIANTS = {"whole": (False, False), "no_prep": (True, False), "no_flush": (False, True),
-            "kernel": (True, True)}
+VARIANTS = {"whole": (False, False), "no_flush": (False, True), "kernel": (True, True)}
 STEPS = 16
 
 
@@ -44,7 +43,10 @@ class _NoLaunch:
 @contextmanager
 def leave_out(kind: str, prep: bool, flush: bool):
     """Replace the ring-products kernel and / or the persistent flush launch of a decode step
-    by no-ops while the context is open."""
+    by no-ops while the context is open. Leaving out the products but not the flush is
+    refused: the flush would walk a flush list nobody wrote."""
+    if prep and not flush:
+        raise ValueError("the ring-products launch builds the flush list: leave out the flush too")
     mod = mamba2 if kind == "mamba2" else gdn
     name = "_mamba2_prep_kernel" if kind == "mamba2" else "_gdn_prep_kernel"
     saved = getattr(mod, name), mod.launch_persistent

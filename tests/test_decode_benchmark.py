@@ -363,8 +363,8 @@ def test_nan_counts_flags_a_lost_count(monkeypatch, capsys):
 
 def test_launch_probe_leaves_each_launch_out(monkeypatch):
     """benchmarks/launch_probe.py: inside ``leave_out`` the left-out launches do not run and
-    the kernels come back afterwards; ``probe`` times every variant (CPU dry run, tiny
-    shape)."""
+    the kernels come back afterwards; the products launch is never left out alone (the flush
+    would walk an unwritten list); ``probe`` times every variant (CPU dry run, tiny shape)."""
     from dataclasses import replace
 
     from replayssm_quant.kernels import mamba2
@@ -394,3 +394,5 @@ def test_launch_probe_leaves_each_launch_out(monkeypatch):
     assert list(t) == list(mod.VARIANTS) and all(v > 0 for v in t.values())
     with pytest.raises(SystemExit, match="no launch to leave out"):
         mod.probe("tiny-m2", "replay-fp32", batch=4, reps=1, device="cpu")
+    with pytest.raises(ValueError, match="builds the flush list"), mod.leave_out("mamba2", True, False):
+        pass
