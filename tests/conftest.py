@@ -22,3 +22,47 @@ def _intra_op_threads() -> int:
 
 
 torch.set_num_threads(_intra_op_threads())
+
+
+def _skip_repeated_language_patching() -> None:
+    """Triton's interpreter maps ``triton.language`` onto its own implementations when a
+    launch starts (and undoes that when it ends), then maps it again, identically, at every
+    call of a ``@triton.jit`` helper inside the launch, listing every member of the language
+    each time: about a quarter of an interpreted kernel test. Within a launch, a helper whose
+    language modules the launch has mapped already skips the repeat; every launch, and a
+    helper that sees a module not mapped yet, still maps. The kernels run as before. An
+    interpreter without these internals runs unchanged."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime import interpreter as ti
+
+        patch_lang, launch, scope = ti._patch_lang, ti.GridExecutor.__call__, ti._LangPatchScope
+        lang, core = ti.tl, ti.tl.core
+    except (ImportError, AttributeError):
+        return
+    mapped: list[set[int]] = []  # ids of the language modules each running launch has mapped
+
+    def modules(fn) -> set[int]:  # the modules ``_patch_lang`` maps for ``fn``
+        return {id(v) for v in fn.__globals__.values() if v is lang or v is core}
+
+    def _patch_lang(fn):
+        if mapped:
+            need = modules(fn)
+            if need and need <= mapped[-1]:
+                return scope()
+            mapped[-1] |= need
+        return patch_lang(fn)
+
+    def __call__(self, *args, **kwargs):
+        mapped.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            mapped.pop()
+
+    ti._patch_lang = _patch_lang
+    ti.GridExecutor.__call__ = __call__
+
+
+_skip_repeated_language_patching()
