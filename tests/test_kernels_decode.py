@@ -395,7 +395,7 @@ def test_dot_flush_fold_matches_reference(kind, name):
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
-@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr"])
+@pytest.mark.parametrize("name", ["replay-fp32", "nvfp4-read/fp16-sr", "shared-fp8"])
 def test_bf16x3_flush_fold_matches_reference(kind, name):
     """The dot fold on tensor cores with exact products (``flush_precision="bf16x3"``: the
     fp32 operand as three bf16 pieces against the bf16 ring's B_j / k_j), with a bf16 ring,
@@ -411,7 +411,7 @@ def test_bf16x3_flush_fold_matches_reference(kind, name):
 
 def test_default_fold_precision():
     """Exact tensor-core products only where they are exact and measured faster: the dot fold
-    of an fp32 checkpoint without u recompute, 16+ row tiles, a bf16 ring."""
+    without u recompute (an fp32 or fp8 checkpoint), 16+ row tiles, a bf16 ring."""
     from replayssm_quant.kernels.mamba2 import default_fold_precision
 
     fp32, bf16 = PRESETS["replay-fp32"], torch.bfloat16
@@ -419,7 +419,9 @@ def test_default_fold_precision():
     assert default_fold_precision(fp32, True, 16, bf16) == "ieee"  # record fold
     assert default_fold_precision(fp32, False, 8, bf16) == "ieee"  # below an MMA's rows
     assert default_fold_precision(fp32, False, 16, torch.float16) == "ieee"
-    for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8"):
+    assert default_fold_precision(PRESETS["shared-fp8"], False, 16, bf16) == "bf16x3"
+    assert default_fold_precision(PRESETS["shared-fp8"], False, 8, bf16) == "ieee"
+    for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr"):
         assert default_fold_precision(PRESETS[name], False, 16, bf16) == "ieee"
 
 
@@ -552,14 +554,14 @@ def test_launch_defaults_follow_the_measured_table():
                  "fp8-read/fp32"):
         assert mamba2_step_knobs(PRESETS[name], 64, 128) == (64, 1), name
         assert gdn_step_knobs(PRESETS[name], 128) == ((32 if "fp8" in name else 64), 1), name
-    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 4, 1)
-    assert mamba2_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 8, 1)
+    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp8-sr"]) == ("records", 8, 1)
+    assert mamba2_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 16, 1)
     assert mamba2_flush_knobs(PRESETS["shared-nvfp4"]) == ("records", 8, 1)
     assert gdn_flush_knobs(PRESETS["fp8-read/fp32"]) == ("records", 16, 1)
     assert mamba2_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["replay-fp32"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["shared-nvfp4"]) == ("records", 8, 1)
-    assert gdn_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 8, 1)
+    assert gdn_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp32"]) == ("records", 16, 1)
     assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 4, 1)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 32, 8)

@@ -1,8 +1,12 @@
 """Kernel rounding device functions against the reference rounding of ``formats`` (run under
 TRITON_INTERPRET=1 on the CPU): every element bit for bit, with exact ties, subnormals,
-saturation, infinities and NaN in the inputs."""
+saturation, infinities and NaN in the inputs. The element-rounding tests also run compiled on
+a GPU (``TRITON_INTERPRET=0 pytest tests/test_kernels_rounding.py -k round``), where some
+roundings take hardware conversions the interpreter does not model."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -21,6 +25,16 @@ from replayssm_quant.kernels.common import (
 )
 
 N = 4096
+# compiled kernels need device tensors; the interpreter runs on the CPU
+DEV = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+
+
+def _round(x: torch.Tensor, r: torch.Tensor, code: int, sr: bool, tile: int,
+           wide: bool = True) -> torch.Tensor:
+    """``round_to`` over x in tiles of ``tile`` (NaN-poisoned output), on DEV, back on the CPU."""
+    out = torch.full((N,), float("nan"), device=DEV)
+    _round_kernel[(1,)](x.to(DEV), r.to(DEV), out, FMT=code, SR=sr, N=N, TILE=tile, WIDE=wide)
+    return out.cpu()
 
 
 @triton.jit
@@ -88,30 +102,39 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_round_to_matches_reference_bits(name, code, wide, rounding, seed):
     x, r = _inputs(seed)
-    out = torch.full((N,), float("nan"))
-    _round_kernel[(1,)](x, r, out, FMT=code, SR=rounding == "sr", N=N, TILE=512, WIDE=wide)
+    out = _round(x, r, code, rounding == "sr", 512, wide)
     ref = F.round_elements(x, F.FORMATS[name], rounding, r if rounding == "sr" else None)
     assert _same(out, ref)
     assert bool((torch.signbit(out) == torch.signbit(ref)).all())
 
 
-@pytest.mark.parametrize("name,code,wide", [("fp16", 1, True), ("fp16", 1, False), ("bf16", 2, True)])
+_FAST_PATH_SPECIALS = {  # one per tile: values outside (or at the edges of) the integer forms
+    "fp16": [0.0, 3e-6, -2.0**-20, 70000.0, -65535.0, 3.3e38, -3.39e38, float("inf"),
+             -float("inf"), float("nan")],
+    "bf16": [0.0, 3e-6, -2.0**-20, 70000.0, -65535.0, 3.3e38, -3.39e38, float("inf"),
+             -float("inf"), float("nan")],
+    "fp8e4m3": [0.0, -0.0, 2.0**-9, -3e-3, 1e-3, -2.0**-10, 460.0, -1e30, 3.4e38, float("inf"),
+                -float("inf"), float("nan"), 2.0**-149],
+}
+
+
+@pytest.mark.parametrize("name,code,wide", [("fp16", 1, True), ("fp16", 1, False), ("bf16", 2, True),
+                                            ("fp8e4m3", 3, True)])
 def test_sr_fast_and_full_tile_paths(name, code, wide):
-    """fp16 / bf16 SR round a tile in a few integer instructions when all its values are in
-    the plain range and run the full recipe otherwise: tiles of plain values only, and tiles
-    that each hold one value of another kind (zero, a value below 2^-14, above 65504, near
-    the bf16 maximum, inf, NaN), every element against the reference."""
+    """fp16 / bf16 / fp8 SR round a tile in a few integer instructions when all its values
+    are in the plain range and run the full recipe otherwise: tiles of plain values only, and
+    tiles that each hold one value of another kind (zero, a value below the format's smallest
+    step or normal, above its maximum, near the fp32 maximum, inf, NaN), every element
+    against the reference."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(N, generator=g) * 0.1 + 0.5
     x[256:512] *= -1.0
-    specials = [0.0, 3e-6, -2.0**-20, 70000.0, -65535.0, 3.3e38, -3.39e38, float("inf"),
-                -float("inf"), float("nan")]
+    specials = _FAST_PATH_SPECIALS[name]
     r = torch.randint(0, 2**32, (N,), generator=g, dtype=torch.int64).to(torch.uint32)
-    for i, v in enumerate(specials):  # tiles 1..10 of 256 hold one special each
+    for i, v in enumerate(specials):  # tiles 1.. of 256 hold one special each
         x[256 * (i + 1) + 17 * i] = v
         r[256 * (i + 1) + 17 * i] = 0  # u = 0: rounds up wherever it can
-    out = torch.full((N,), float("nan"))
-    _round_kernel[(1,)](x, r, out, FMT=code, SR=True, N=N, TILE=256, WIDE=wide)
+    out = _round(x, r, code, True, 256, wide)
     ref = F.round_elements(x, F.FORMATS[name], "sr", r)
     assert _same(out, ref)
     assert bool((torch.signbit(out) == torch.signbit(ref)).all())
@@ -349,9 +372,37 @@ def test_fp16_sr_subnormal_tiles():
     r[::17] = 0
     r[1::19] = 2**32 - 1
     for tile, wide in ((256, True), (1024, True), (256, False)):
-        out = torch.full((N,), float("nan"))
-        _round_kernel[(1,)](x, r, out, FMT=1, SR=True, N=N, TILE=tile, WIDE=wide)
+        out = _round(x, r, 1, True, tile, wide)
         ref = F.round_elements(x, F.FORMATS["fp16"], "sr", r)
+        assert _same(out, ref), tile
+        assert bool((torch.signbit(out) == torch.signbit(ref)).all()), tile
+
+
+@pytest.mark.parametrize("rounding", ["rn", "sr"])
+def test_fp8_subnormal_tiles(rounding):
+    """e4m3 rounding of tiles holding zeros and values in its subnormal range (2^-9 .. 2^-6,
+    the per-element carry of ``round_fp8_sr``), grid points, ties and values near 448, next
+    to tiles that also hold a value below 2^-9 (the full recipe): every element and sign
+    against the reference, random words and the extreme words 0 and 2^32 - 1."""
+    g = torch.Generator().manual_seed(6)
+    x = (torch.rand(N, generator=g) * 2 - 1) * 300.0
+    sign = torch.where(torch.rand(N, generator=g) < 0.5, -1.0, 1.0)
+    sub = sign * (1 + torch.rand(N, generator=g)) * torch.exp2(
+        -torch.randint(7, 10, (N,), generator=g).float())  # 2^-9 <= |sub| < 2^-6
+    x[::5] = sub[::5]
+    x[::11] = 0.0
+    x[5::13] = -0.0
+    x[3::29] = 2.0**-9 * torch.randint(-64, 64, (N,), generator=g)[3::29].float()  # grid points
+    x[4::31] = 2.0**-10 * (2 * torch.randint(-32, 32, (N,), generator=g)[4::31].float() + 1)  # ties
+    x[6::37] = sign[6::37] * (440.0 + 20.0 * torch.rand(N, generator=g)[6::37])  # around 448
+    x[2048 + 100] = 2.0**-12  # the second half's tiles: one value below 2^-9
+    x[3072 + 7] = -3e-4
+    r = torch.randint(0, 2**32, (N,), generator=g, dtype=torch.int64).to(torch.uint32)
+    r[::17] = 0
+    r[1::19] = 2**32 - 1
+    for tile in (256, 1024):
+        out = _round(x, r, 3, rounding == "sr", tile)
+        ref = F.round_elements(x, F.FORMATS["fp8e4m3"], rounding, r if rounding == "sr" else None)
         assert _same(out, ref), tile
         assert bool((torch.signbit(out) == torch.signbit(ref)).all()), tile
 

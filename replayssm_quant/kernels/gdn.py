@@ -559,7 +559,9 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
     products spilled; otherwise ``"dot"`` (the u's from the ring) on one-warp tiles for a
     checkpoint without SR: 16 rows for fp32 (Qwen3.5-122B 1432 -> 937 us, 4B 744 -> 457 us,
     reports/kernels/tune_r46_fp32_flush_*.log), 8 for fp8 / NVFP4 (shared-nvfp4 1829 ->
-    1562 us and 932 -> 793 us, tune_r49_wave_flush_shared_*.log), the NVFP4 checkpoint
+    1562 us and 932 -> 793 us, tune_r49_wave_flush_shared_*.log; the fp8 checkpoint on 16
+    rows once its products run on tensor cores, 1028 -> 712 us and 521 -> 371 us,
+    tune_r147_fp8_tiles.log), the NVFP4 checkpoint
     folding record by record once the keys load in the state's layout (1534 -> 1286 us and
     780 -> 657 us, tune_r53_flush_variants.log); else 32 rows and ``_flush_warps`` warps. The
     fp8 / NVFP4 copies of an fp32 checkpoint replay on one-warp 16-row tiles."""
@@ -570,8 +572,8 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
         return "records", 32, 8
     if cfg.ckpt.name == "nvfp4" and not cfg.uses_sr:  # 122B 1534 -> 1286 us (tune_r53)
         return "records", 8, 1
-    if not cfg.uses_sr:
-        return "dot", 16 if cfg.ckpt.name == "fp32" else 8, 1
+    if not cfg.uses_sr:  # fp32 or fp8 checkpoint (bf16x3 products on a bf16 ring)
+        return "dot", 16, 1
     return "dot", 32, _flush_warps(cfg)
 
 

@@ -950,15 +950,19 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int,
 # and the fp8 / NVFP4 checkpoints without a read copy: tune_r51_wave_flush_m2.log; the
 # record folds of the fp8 copy of an fp32 checkpoint, Nano-4B 1650 -> 1290 us, and of the
 # NVFP4 checkpoint, 1347 -> 1150 us, once B_j arrives in the fold's layout:
-# tune_r53_flush_variants.log), keyed by (checkpoint format, SR, read-copy format); other
+# tune_r53_flush_variants.log; since the e4m3 roundings' integer and hardware forms, the
+# NVFP4 copy of an fp8-SR checkpoint on 8-row tiles, Super 1861 -> 1810 us, and the fp8
+# checkpoint's bf16x3 products on 16-row one-warp tiles, 947 -> 518 us and Nano-4B 877 ->
+# 471 (two warps 666-736 and 626-687 us): tune_r147_fp8_tiles.log, tune_r148_fp8_stages.log),
+# keyed by (checkpoint format, SR, read-copy format); other
 # configs keep (dot, 32, _flush_warps).
 MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
     ("fp32", False, None): ("dot", 16, 1),
     ("fp32", False, "nvfp4"): ("records", 8, 1),
     ("fp32", False, "fp8e4m3"): ("records", 8, 1),
     ("fp16", True, "nvfp4"): ("records", 4, 1),
-    ("fp8e4m3", True, "nvfp4"): ("records", 4, 1),
-    ("fp8e4m3", False, None): ("dot", 8, 1),
+    ("fp8e4m3", True, "nvfp4"): ("records", 8, 1),
+    ("fp8e4m3", False, None): ("dot", 16, 1),
     ("nvfp4", False, None): ("records", 8, 1),
 }
 
@@ -991,18 +995,20 @@ def fold_precision(flush_precision: str | None, ring_dtype: torch.dtype | None =
 
 
 def default_fold_precision(cfg, records: bool, rows: int, ring_dtype: torch.dtype) -> str:
-    """The flush's default ``flush_precision``: ``"bf16x3"`` for the ``"dot"`` fold of an fp32
-    checkpoint without a u recompute, on tiles of 16+ rows (an MMA's least) over a bf16 ring;
-    else ``"ieee"``. Measured on the H200 at batch 256 against fp32 FMAs on 16-row one-warp
-    tiles (reports/kernels/tune_r73_*_fp32_flush_bf16x3.log): the GDN flush Qwen3.5-4B 461 ->
+    """The flush's default ``flush_precision``: ``"bf16x3"`` for the ``"dot"`` fold without a
+    u recompute, on tiles of 16+ rows (an MMA's least) over a bf16 ring; else ``"ieee"``.
+    Measured on the H200 at batch 256 against fp32 FMAs on 16-row one-warp tiles
+    (reports/kernels/tune_r73_*_fp32_flush_bf16x3.log): the GDN fp32 flush Qwen3.5-4B 461 ->
     418 us, 122B 906 -> 817 us, and with 3 pipelining stages 362 / 709 us
     (``gdn_flush_stages``, tune_r74_fp32_flush_stages.log); Mamba-2 Nemotron-3-Nano-4B 657 ->
-    648 us, Super 673 -> 660 us. Narrow checkpoints keep their record folds: in the MMA
-    layout their SR and encode cost as many instructions as the FMA fold saves, and the
-    nvfp4-read/fp16-sr flush on Super took 2293-2709 us against 1494 us
-    (tune_r74_narrow_flush_*.log)."""
+    648 us, Super 673 -> 660 us; the fp8 checkpoint's (shared-fp8) GDN flush on 16-row tiles
+    541 -> 371 us (4B) and 1057 -> 712 us (122B, tune_r147_fp8_tiles.log); on Super's
+    16-row four-warp tiles the nvfp4-read/fp16-sr flush 2325 (fp32 FMAs) -> 2094 us
+    (tune_r146_dot_fold.log). Narrow checkpoints with a read copy keep their record folds
+    (``MAMBA2_FLUSH_KNOBS``): in the MMA layout their SR and encode cost more than the FMA
+    fold saves (the same log: 1409 us on 4-row record tiles)."""
     ok = (not records and rows >= 16 and ring_dtype == torch.bfloat16
-          and cfg.ckpt.name == "fp32" and not cfg.recompute_u)
+          and not cfg.recompute_u)
     return "bf16x3" if ok else "ieee"
 
 
