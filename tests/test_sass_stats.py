@@ -126,7 +126,7 @@ def test_compiles_with_the_launch_specialization():
     ("mamba2-flush", "nvfp4-read/fp8-sr"), ("mamba2-nonflush", "shared-fp8"),
     ("gdn-nonflush", "nvfp4-read/fp32"), ("gdn-flush", "nvfp4-read/fp16-sr"),
     ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32"), ("gdn-verify-prep", "replay-fp32"),
-    ("mamba2-verify-prep", "nvfp4-read/fp16-sr")])
+    ("mamba2-verify-prep", "nvfp4-read/fp16-sr"), ("emulate-gdn-prep", "replay-fp32")])
 def test_every_target_names_every_kernel_argument(name, preset):
     """A target's signature + constexprs cover every argument of its kernel that has no
     default, and every constexpr (compiling from source needs them even when defaulted): a
@@ -179,3 +179,24 @@ def test_by_line_attributes_inlined_library_code_to_project_lines():
     assert ("replayssm_quant/kernels/gdn.py:10", 1, 0, 1) in rows
     assert mod.by_line(annotated, table, (0x10, 0x20)) == [
         ("replayssm_quant/kernels/gdn.py:12", 2, 1, 0)]
+
+
+def test_jit_helpers_take_no_string_defaults():
+    """No ``@triton.jit`` helper (a function called from kernels, not launched: its name does
+    not end in ``_kernel``) gives a parameter a string default. Triton 3.6, the GPU machine's,
+    fails to compile a call that leaves such a constexpr to its default (``'str' object has
+    no attribute 'type'``) while the interpreter and newer Triton accept it, so nothing on
+    the CPU would notice; the GDN emulator's window prep was broken that way."""
+    import ast
+
+    bad = []
+    for path in sorted((ROOT / "replayssm_quant" / "kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef) or node.name.endswith("_kernel"):
+                continue
+            if not any("jit" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            defaults = node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+            if any(isinstance(d, ast.Constant) and isinstance(d.value, str) for d in defaults):
+                bad.append(f"{path.name}:{node.name}")
+    assert not bad, bad

@@ -4,6 +4,7 @@ instructions, barriers and instructions, for the whole kernel and for its main l
 
     python tools/sass_stats.py emulate-gdn-window --preset nvfp4-read/fp16-sr --block 32 --warps 8
     python tools/sass_stats.py emulate-gdn-conv --preset bf16-sr --block 4 --warps 1
+    python tools/sass_stats.py emulate-gdn-prep --preset replay-fp32 --block 16 --warps 4
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --by-line 12
     python tools/sass_stats.py gdn-verify --preset replay-fp32 --block 32 --warps 4 --json
     python tools/sass_stats.py mamba2-flush --preset replay-fp32 --block 32 --warps 4
@@ -115,6 +116,14 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, LB=LB, BV=block, CK=ck, RD=rd, SR=sr,
                       FIRST=True, TAIL=True, PREFETCH=False, MERGE=em._MERGE_RQ)
         return em._gdn_window_kernel, sig, consts
+    if name == "emulate-gdn-prep":
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; emulate-gdn-prep needs L > 1")
+        LB, LOG_LB = em._window(cfg.L)
+        sig = _sig("q_ptr k_ptr g_ptr beta_ptr pre_ptr", act, "*fp32")
+        sig.update(T="i32", w0="i32")
+        consts = dict(HV=HV, HK=HK, K=K, L=cfg.L, LB=LB, LOG_LB=LOG_LB)
+        return em._gdn_window_prep_kernel, sig, consts
     if name == "gdn-verify":
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-verify needs a ReplaySSM preset")
@@ -405,7 +414,8 @@ def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "gdn-verify",
+    ap.add_argument("target", choices=["emulate-gdn-conv", "emulate-gdn-window", "emulate-gdn-prep",
+                                       "gdn-verify",
                                        "gdn-verify-prep", "mamba2-verify-prep", "mamba2-verify",
                                        "mamba2-flush", "mamba2-nonflush",
                                        "gdn-nonflush", "gdn-flush", "gdn-conv", "mamba2-conv"])

@@ -873,10 +873,12 @@ def log_decay_segments(nxt, LB: tl.constexpr):
 
 
 @triton.jit
-def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr, PREC: tl.constexpr = "ieee"):
+def unit_lower_inverse(M, LB: tl.constexpr, LOG_LB: tl.constexpr, PREC: tl.constexpr):
     """``(I + M)^-1`` for strictly lower-triangular ``M``: ``M^LB = 0``, so the inverse is
     ``(I - M)(I + M^2)(I + M^4)...`` with log2(LB) factors. It does not depend on the state,
-    so the state-dependent part of a window is a few matrix products."""
+    so the state-dependent part of a window is a few matrix products. ``PREC`` (the products'
+    ``input_precision``) has no default: Triton 3.6 fails to compile a helper call that leaves
+    a string constexpr to its default (``'str' object has no attribute 'type'``)."""
     j = tl.arange(0, LB)
     eye = (j[:, None] == j[None, :]).to(tl.float32)
     X = -M

@@ -319,7 +319,7 @@ def _gdn_window_prep_kernel(
     KQ = tl.sum(tl.dot(kA, qB, input_precision="ieee"), axis=0)  # [i, j] = k_i . q_j
     # u_j + beta_j sum_{i<j} G(i+1..j) (k_i.k_j) u_i = beta_j (v_j - G(c+1..j) R k_j)
     M = tl.where(j[None, :] < j[:, None], bw[:, None] * (dec * KK), 0.0)
-    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB))
+    TI = tl.trans(unit_lower_inverse(M, LB, LOG_LB, "ieee"))
     W = tl.where(j[None, :] <= j[:, None], dec * tl.trans(KQ), 0.0)  # [j, i]
     P = tl.dot(TI, tl.trans(W), input_precision="ieee")
     wf = tl.where(j < cnt, _row(dec, cnt - 1, LB), 0.0)
