@@ -200,3 +200,21 @@ def test_jit_helpers_take_no_string_defaults():
             if any(isinstance(d, ast.Constant) and isinstance(d.value, str) for d in defaults):
                 bad.append(f"{path.name}:{node.name}")
     assert not bad, bad
+
+
+def test_compile_check_variants_resolve():
+    """Every variant ``tools/compile_check.py`` compiles (CI runs it under the GPU machine's
+    Triton) names a target and preset ``sass_stats.target`` builds, with options it takes,
+    and no variant is listed twice."""
+    spec = importlib.util.spec_from_file_location("compile_check", ROOT / "tools" / "compile_check.py")
+    cc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cc)
+    mod = _module()
+    labels = [cc.label(v) for v in cc.VARIANTS]
+    assert len(set(labels)) == len(labels)
+    for target, preset, rows, _warps, opts in cc.VARIANTS:
+        fn, sig, consts = mod.target(target, preset, rows, **opts)
+        assert callable(getattr(fn, "fn", fn)) and sig and consts
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--list",
+                          "-k", "gdn-flush"], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() and all("gdn-flush" in ln for ln in out.splitlines())
