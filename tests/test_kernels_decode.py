@@ -524,13 +524,69 @@ def test_mamba2_tile_rows_pad_head_dim_little(P, N, want):
 
 
 def test_flush_pipelining_only_for_plain_fp32_checkpoints():
-    """The Mamba-2 flush loop is pipelined (3 stages) for a plain fp32 checkpoint only; SR
-    and read-copy flushes keep Triton's default (None)."""
+    """The Mamba-2 flush loop is pipelined for a plain fp32 checkpoint only (3 stages of
+    cp.async loads, 2 of TMA loads); SR and read-copy flushes keep Triton's default (None).
+    GDN's tensor-core fold: 3 stages over cp.async loads of an fp32 checkpoint, 2 over TMA
+    loads or an fp8 checkpoint, Triton's default for the record folds."""
+    from replayssm_quant.kernels.gdn import gdn_flush_stages
     from replayssm_quant.kernels.mamba2 import flush_stages_for
 
-    assert flush_stages_for(PRESETS["replay-fp32"]) == 3
+    fp32 = PRESETS["replay-fp32"]
+    assert flush_stages_for(fp32) == 3 and flush_stages_for(fp32, True) == 2
     for name in ("nvfp4-read/fp32", "nvfp4-read/fp16-sr", "shared-fp8", "shared-nvfp4"):
         assert flush_stages_for(PRESETS[name]) is None, name
+    assert gdn_flush_stages("bf16x3", False, fp32) == 3
+    assert gdn_flush_stages("bf16x3", False, fp32, True) == 2
+    assert gdn_flush_stages("bf16x3", False, PRESETS["shared-fp8"]) == 2
+    assert gdn_flush_stages("bf16x3", True, fp32) is None
+    assert gdn_flush_stages("ieee", False, fp32) is None
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+def test_tma_flush_matches_reference(kind):
+    """The fp32 checkpoint's flush with its tiles moved by tensor descriptors (``flush_tma``,
+    the default on sm_90+): equal to the reference with rows flushing on different steps, on
+    both folds, and a NaN input counted and kept."""
+    cfg = _small_L(PRESETS["replay-fp32"])
+    rows = {"flush_block_p": 8} if kind == "mamba2" else {"flush_block_v": 8}
+    _run(kind, cfg, stagger=True, flush_tma=True, **rows)
+    _run(kind, cfg, stagger=True, flush_tma=True, flush_fold="dot", flush_precision="bf16x3",
+         act=torch.bfloat16, **rows)
+    ref, ker = _run(kind, cfg, steps=4, nan_at=1, flush_tma=True, flush_fold="records", **rows)
+    assert int(ker.nan_count.sum()) == int(ref.nan_count) > 0
+
+
+def test_flush_tma_resolves_where_it_applies():
+    """TMA by default wherever it applies (an fp32 checkpoint without a read copy, whole
+    flush tiles, the persistent flush); asking for it elsewhere is refused with the reason."""
+    from replayssm_quant.kernels.cache import StateTensors
+    from replayssm_quant.kernels.common import resolve_flush_tma, state_descriptor
+
+    cpu = torch.device("cpu")
+    fp32, nv = PRESETS["replay-fp32"], PRESETS["nvfp4-read/fp32"]
+    assert resolve_flush_tma(None, fp32, 80, 16, False, cpu)
+    assert not resolve_flush_tma(None, fp32, 80, 32, False, cpu)  # 80 rows: no whole tiles
+    assert not resolve_flush_tma(None, fp32, 64, 16, True, cpu)  # one launch
+    assert not resolve_flush_tma(None, nv, 64, 16, False, cpu)
+    assert not resolve_flush_tma(None, PRESETS["shared-fp8"], 64, 16, False, cpu)
+    assert not resolve_flush_tma(False, fp32, 64, 16, False, cpu)
+    for args, match in (((nv, 64, 16, False), "fp32 checkpoint without a read copy"),
+                        ((fp32, 80, 32, False), "whole flush tiles"),
+                        ((fp32, 64, 16, True), "one_launch")):
+        with pytest.raises(ValueError, match=match):
+            resolve_flush_tma(True, *args, cpu)
+    assert state_descriptor(None, 16, False) is None
+    page = torch.zeros(3, 2 * 32 * 32 + 4)  # vLLM-style: one strided page per slot
+    st = StateTensors("fp32", page[:, :2 * 32 * 32].view(3, 2, 32, 32))
+    d = state_descriptor(st, 8, True)
+    assert list(d.shape) == [3, 64, 32] and list(d.strides) == [page.stride(0), 32, 1]
+    assert list(d.block_shape) == [1, 8, 32]
+    with pytest.raises(ValueError, match="fp32"):
+        state_descriptor(StateTensors("fp16", torch.zeros(2, 2, 4, 32, dtype=torch.float16)),
+                         4, True)
+    with pytest.raises(ValueError, match="contiguous"):
+        state_descriptor(StateTensors("fp32", torch.zeros(2, 4, 2, 32).transpose(1, 2)), 4,
+                         True)
 
 
 def test_launch_defaults_follow_the_measured_table():

@@ -77,6 +77,18 @@ def _step_state_sig(ck: int, rd: int) -> dict[str, str]:
     return sig
 
 
+def _flush_descriptor(sig: dict, consts: dict, cfg, tma: bool, rows: int, d: int) -> None:
+    """A flush target's checkpoint descriptor argument: a (1, rows, d) fp32 tensor
+    descriptor with TMA, else the checkpoint pointer as the launch passes it."""
+    if tma:
+        if cfg.ckpt.name != "fp32" or cfg.read is not None:
+            raise SystemExit("--tma moves an fp32 checkpoint without a read copy")
+        sig["ck_desc"] = f"tensordesc<fp32[1,{rows},{d}]>"
+    else:  # unused without TMA: the launch passes the checkpoint pointer
+        sig["ck_desc"] = sig["ck_ptr"]
+    consts["TMA"] = tma
+
+
 def _verify_precision(precision: str, src_fmt: int) -> dict:
     """The verify kernel's product constexprs, as ``mamba2_verify`` / ``gdn_verify`` pass them."""
     return dict(PREC=precision, SMALL="tf32x3" if precision == "bf16x3" else precision,
@@ -85,14 +97,15 @@ def _verify_precision(precision: str, src_fmt: int) -> dict:
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
            fold: str = "dot", precision: str | None = None, one_launch: bool = False,
-           nvfp4_decode: str = "e4m3", pdl: bool = False) -> tuple:
+           nvfp4_decode: str = "e4m3", pdl: bool = False, tma: bool = False) -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset. ``precision``: the
     verify products' dot_precision (default bf16x3) or the flush fold's (default ieee).
     ``one_launch``: the non-flush / conventional step as one launch per step (flushing rows
     flush in the step, the last program advances the cursors). ``nvfp4_decode``: how a
     mamba2-nonflush step decodes an NVFP4 source (``mamba2.NVFP4_DECODES``). ``pdl``: the
     decode steps' and verifies' launches as programmatic dependent launches (their
-    ``griddepcontrol`` waits and releases)."""
+    ``griddepcontrol`` waits and releases). ``tma``: a flush target's fp32 checkpoint moved
+    through a tensor descriptor (``flush_tma``, the GPU default for that checkpoint)."""
     one = dict(ONE_LAUNCH=one_launch, ADVANCE=one_launch, CK_FMT=_fmt(PRESETS[preset].ckpt),
                RD_FMT=_fmt(PRESETS[preset].read), SR=PRESETS[preset].uses_sr)
     cfg = PRESETS[preset]
@@ -203,7 +216,9 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
-                      STAGES=km.flush_stages_for(cfg), FOLD_PREC=fold_prec, ADVANCE=True, PDL=pdl)
+                      STAGES=km.flush_stages_for(cfg, tma), FOLD_PREC=fold_prec, ADVANCE=True,
+                      PDL=pdl)
+        _flush_descriptor(sig, consts, cfg, tma, block, N)
         return km._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
@@ -268,8 +283,10 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
-                      RECORDS=fold == "records", STAGES=None, FOLD_PREC=fold_prec, ADVANCE=True,
-                      PDL=pdl)
+                      RECORDS=fold == "records",
+                      STAGES=kg.gdn_flush_stages(fold_prec, fold == "records", cfg, tma),
+                      FOLD_PREC=fold_prec, ADVANCE=True, PDL=pdl)
+        _flush_descriptor(sig, consts, cfg, tma, block, K)
         return kg._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:
@@ -443,12 +460,14 @@ def main() -> None:
                     help="step targets as one launch per step (flush and cursor advance inside)")
     ap.add_argument("--pdl", action="store_true",
                     help="decode-step and verify targets as programmatic dependent launches")
+    ap.add_argument("--tma", action="store_true",
+                    help="flush targets: the fp32 checkpoint through a tensor descriptor")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
                              fold=a.fold, one_launch=a.one_launch, nvfp4_decode=a.nvfp4_decode,
-                             pdl=a.pdl)
+                             pdl=a.pdl, tma=a.tma)
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
     if a.json:
         print(json.dumps(s, indent=1))

@@ -20,6 +20,7 @@ import triton.language as tl
 from ..ssm import gdn as ref
 from .cache import ReplayCache, reference_call, runs_reference, slot_stride
 from .common import (
+    count_nans,
     load_cols,
     load_rows,
     log_decay_segments,
@@ -27,12 +28,14 @@ from .common import (
     lut_table,
     register_cap,
     release_dependents,
+    resolve_flush_tma,
     ring_records,
     row_head_tile,
     row_scales,
     rows_dot,
     split_dot,
     sr_words_for,
+    state_descriptor,
     step_grid,
     store_rows,
     unit_lower_inverse,
@@ -360,7 +363,7 @@ def _gdn_nonflush_kernel(
                 rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
                 kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
                 kd_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR, RECOMPUTE,
-                BV, True, "ieee", True)
+                BV, True, "ieee", True, ck_ptr, 0, False)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         if ONE_LAUNCH and ADVANCE:
@@ -379,20 +382,26 @@ def _gdn_flush_rows(b, h, vvf, mvf, slot, fi, kd_ptr, kkt_local,
                     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
                     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr,
                     RECOMPUTE: tl.constexpr, BVF: tl.constexpr, RECORDS: tl.constexpr,
-                    FOLD_PREC: tl.constexpr, KD_LOCAL: tl.constexpr):
+                    FOLD_PREC: tl.constexpr, KD_LOCAL: tl.constexpr, ck_desc, v0,
+                    TMA: tl.constexpr):
     """The flush of value rows ``vvf`` (BVF of them, ``mvf`` valid) of value head h of row b:
     recompute the window's u's from the checkpoint when a read copy exists, fold them and
     the current token, write o, the checkpoint (SR with flush index ``fi``) and the read copy.
     The keys' ``k_j . k`` come from the ring-products buffer ``kd_ptr``, or with KD_LOCAL from
-    ``kkt_local`` (formed by the calling program). Returns the NaNs written."""
+    ``kkt_local`` (formed by the calling program). With TMA (an fp32 checkpoint without a
+    read copy, whole tiles ``v0 ..``) the checkpoint rows move through ``ck_desc``, a tensor
+    descriptor of its (slots, HV * V, K) view. Returns the NaNs written."""
     RATIO: tl.constexpr = HV // HK
     kk = tl.arange(0, K)
     j = tl.arange(0, LB)
     mj = j < L - 1
     hk = h // RATIO
     rowsf = h * V + vvf
-    Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                   ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
+    if TMA:
+        Sf = tl.reshape(ck_desc.load([slot, h * V + v0, 0]), (BVF, K))
+    else:
+        Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                       ck_bs_ptr + slot * s_ckbs, rowsf, kk, mvf, CK_FMT, BVF, K)
     q = tl.load(q_ptr + (b * HK + hk) * K + kk).to(tl.float32)
     k = tl.load(k_ptr + (b * HK + hk) * K + kk).to(tl.float32)
     vf = tl.load(v_ptr + (b * HV + h) * V + vvf, mask=mvf, other=0.0).to(tl.float32)
@@ -475,6 +484,9 @@ def _gdn_flush_rows(b, h, vvf, mvf, slot, fi, kd_ptr, kkt_local,
     Sf = Sf + uf[:, None] * k[None, :]
     of = tl.sum(Sf * q[None, :], axis=1)
     tl.store(o_ptr + (b * HV + h) * V + vvf, of, mask=mvf)
+    if TMA:
+        ck_desc.store([slot, h * V + v0, 0], tl.reshape(Sf, (1, BVF, K)))
+        return count_nans(Sf, mvf, None, False)
     return write_state(Sf, slot, fi, seed, layer, rowsf, kk, mvf,
                         ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
                         ck_bs_ptr + slot * s_ckbs,
@@ -495,10 +507,12 @@ def _gdn_flush_kernel(
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, RECOMPUTE: tl.constexpr,
     BVF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
     FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False, PDL: tl.constexpr = False,
+    ck_desc=None, TMA: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, value head, BVF rows) tiles of
-    the flush list. Each tile recomputes the window's u's from the checkpoint when a read copy
-    exists, folds them and the current token, writes o, the checkpoint and the read copy.
+    the flush list (TMA and ``ck_desc`` as in ``_gdn_flush_rows``). Each tile recomputes the
+    window's u's from the checkpoint when a read copy exists, folds them and the current
+    token, writes o, the checkpoint and the read copy.
     STAGES (None: Triton's default, the fastest measured) software-pipelines the loop. ADVANCE
     moves every row's cursor on afterwards, as in the Mamba-2 flush. With PDL the launch may
     start before the non-flush launch ends; its programs wait for it first."""
@@ -520,7 +534,7 @@ def _gdn_flush_kernel(
             rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
             kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
             ti_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR, RECOMPUTE, BVF,
-            RECORDS, FOLD_PREC, False)
+            RECORDS, FOLD_PREC, False, ck_desc, vt * BVF, TMA)
     if ADVANCE:
         advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, 256)
     if nans > 0:
@@ -577,13 +591,18 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
     return "dot", 32, _flush_warps(cfg)
 
 
-def gdn_flush_stages(precision: str, records: bool) -> int | None:
-    """Software-pipelining stages of the persistent GDN flush loop: 3 for the tensor-core
-    ``"bf16x3"`` dot fold (H200, batch 256, one-warp 16-row tiles: Qwen3.5-4B 416 -> 362 us,
-    122B 793 -> 709 us, ``reports/kernels/tune_r74_fp32_flush_stages.log``), whose loads then
-    overlap the previous tile's products; None (Triton's choice) otherwise, where 1-3 stages
-    moved the FMA fold by 2% or less."""
-    return 3 if precision == "bf16x3" and not records else None
+def gdn_flush_stages(precision: str, records: bool, cfg=None, tma: bool = False) -> int | None:
+    """Software-pipelining stages of the persistent GDN flush loop with the tensor-core
+    ``"bf16x3"`` dot fold (H200, batch 256, one-warp 16-row tiles): 3 for an fp32 checkpoint
+    loaded with cp.async (Qwen3.5-4B 416 -> 362 us, 122B 793 -> 709 us against Triton's
+    choice, ``reports/kernels/tune_r74_fp32_flush_stages.log``); 2 for one loaded through TMA
+    (``resolve_flush_tma``; 354.0 -> 350.7 and 690.7 -> 682.4 us against 3) and for an fp8
+    checkpoint (shared-fp8: 371.0 -> 358.8 and 716.3 -> 700.5 us, tune_r152_tma.log; 371 ->
+    360 and 712 -> 702 in tune_r148_fp8_stages.log); None (Triton's choice) otherwise, where
+    1-3 stages moved the FMA fold by 2% or less."""
+    if precision != "bf16x3" or records:
+        return None
+    return 2 if tma or (cfg is not None and cfg.ckpt.name.startswith("fp8")) else 3
 
 
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
@@ -640,15 +659,16 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                     maxnreg: int | None = None, flush_maxnreg: int | None = None,
                     one_launch: bool | None = None, pdl: bool | str | None = None,
                     early_loads: bool = False, prep_groups: int | None = None,
+                    flush_tma: bool | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
     ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg``, ``one_launch``,
-    ``pdl``, ``early_loads`` and ``prep_groups`` (key heads per ring-products program) as for
-    Mamba-2; the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs its own
-    launch and is never one launch)."""
+    ``pdl``, ``early_loads``, ``prep_groups`` (key heads per ring-products program) and
+    ``flush_tma`` as for Mamba-2; the UT-transform flush, ``flush_fold="dot"`` with a read
+    copy, needs its own launch and is never one launch)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
@@ -659,7 +679,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
     ol = resolve_one_launch(one_launch, Bsz, (
         flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
-        flush_maxnreg), conventional=cache.capacity == 0)
+        flush_maxnreg, flush_tma or None), conventional=cache.capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, q.device, q.shape[0]), pdl_edges_of(pdl)
     kb, kw = gdn_step_knobs(cfg, V)
@@ -722,15 +742,18 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             if advance and not ticket:
                 advance_cursor(cache, slots)
             return o
+        tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, q.device)
         launch_persistent(
             _gdn_flush_kernel, q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
             RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            RECORDS=records, STAGES=flush_stages or gdn_flush_stages(fprec, records),
+            RECORDS=records, STAGES=flush_stages or gdn_flush_stages(fprec, records, cfg, tma),
             FOLD_PREC=fprec, ADVANCE=advance and fuse_advance, PDL=fl_pdl, launch_pdl=fl_pdl,
-            num_warps=FW, **register_cap(flush_maxnreg))
+            num_warps=FW, ck_desc=state_descriptor(cache.ckpt, BVF, tma) if tma else ck[0],
+            TMA=tma,
+            **register_cap(flush_maxnreg))
         if advance and not fuse_advance:
             advance_cursor(cache, slots)
     return o

@@ -23,6 +23,7 @@ from .cache import ReplayCache, reference_call, runs_reference, slot_stride
 from .common import (
     FMT_CODES,
     FMT_NONE,
+    count_nans,
     load_cols,
     load_rows,
     log_decay_suffixes,
@@ -31,12 +32,14 @@ from .common import (
     programmatic_launch,
     register_cap,
     release_dependents,
+    resolve_flush_tma,
     ring_records,
     row_head_tile,
     row_scales,
     rows_dot,
     split_dot,
     sr_words_for,
+    state_descriptor,
     step_grid,
     store_rows,
     wait_prior_grid,
@@ -407,7 +410,8 @@ def _mamba2_nonflush_kernel(
                 ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
                 rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
                 xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
-                H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BP, True, "ieee")
+                H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BP, True, "ieee",
+                ck_ptr, 0, False)
             if BP2 > 0:
                 p2 = BP + tl.arange(0, BP2)
                 nans += _mamba2_flush_rows(
@@ -415,7 +419,8 @@ def _mamba2_nonflush_kernel(
                     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
                     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
                     xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
-                    H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BP2, True, "ieee")
+                    H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BP2, True, "ieee",
+                    ck_ptr, 0, False)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         if ONE_LAUNCH and ADVANCE:
@@ -432,17 +437,22 @@ def _mamba2_flush_rows(b, h, pf, mpf, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_p
                        L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
                        CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr,
                        HAS_D: tl.constexpr, BPF: tl.constexpr, RECORDS: tl.constexpr,
-                       FOLD_PREC: tl.constexpr):
+                       FOLD_PREC: tl.constexpr, ck_desc, p0, TMA: tl.constexpr):
     """The flush of head-dim rows ``pf`` (BPF of them, ``mpf`` valid) of head h of row b: fold
     the L-1 buffered records and the current token into the checkpoint, write y, the
     checkpoint (SR with flush index ``fi``) and the read copy made from its new value.
+    With TMA (an fp32 checkpoint without a read copy, whole tiles ``p0 ..``) the checkpoint
+    rows move through ``ck_desc``, a tensor descriptor of its (slots, H * P, N) view.
     Returns the NaNs written."""
     n = tl.arange(0, N)
     j = tl.arange(0, LB)
     g = h // (H // G)
     rowsf = h * P + pf
-    Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
-                   ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
+    if TMA:
+        Sf = tl.reshape(ck_desc.load([slot, h * P + p0, 0]), (BPF, N))
+    else:
+        Sf = load_rows(ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs,
+                       ck_bs_ptr + slot * s_ckbs, rowsf, n, mpf, CK_FMT, BPF, N)
     dt = tl.load(dt_ptr + b * H + h).to(tl.float32)
     A = tl.load(A_ptr + h).to(tl.float32)
     xf = tl.load(x_ptr + (b * H + h) * P + pf, mask=mpf, other=0.0).to(tl.float32)
@@ -480,6 +490,9 @@ def _mamba2_flush_rows(b, h, pf, mpf, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_p
     if HAS_D:
         yf += tl.load(D_ptr + h).to(tl.float32) * xf
     tl.store(y_ptr + (b * H + h) * P + pf, yf, mask=mpf)
+    if TMA:
+        ck_desc.store([slot, h * P + p0, 0], tl.reshape(Sf, (1, BPF, N)))
+        return count_nans(Sf, mpf, None, False)
     return write_state(Sf, slot, fi, seed, layer, rowsf, n, mpf,
                        ck_ptr + slot * s_ck, ck_rs_ptr + slot * s_ckrs, ck_bs_ptr + slot * s_ckbs,
                        rd_ptr + slot * s_rd, rd_rs_ptr + slot * s_rdrs, rd_bs_ptr + slot * s_rdbs,
@@ -498,13 +511,15 @@ def _mamba2_flush_kernel(
     CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SR: tl.constexpr, HAS_D: tl.constexpr,
     BPF: tl.constexpr, STAGES: tl.constexpr = None, RECORDS: tl.constexpr = False,
     FOLD_PREC: tl.constexpr = "ieee", ADVANCE: tl.constexpr = False, PDL: tl.constexpr = False,
+    ck_desc=None, TMA: tl.constexpr = False,
 ):
     """Flush, persistent: the programs walk the (flushing row, head, BPF rows) tiles of the
-    flush list (``_mamba2_flush_rows`` each). With PDL the launch may start before the non-flush
-    launch ends, and its programs wait for it (``wait_prior_grid``) first. STAGES (None:
-    Triton's default) software-pipelines the loop: the next tile's loads are issued while this
-    one folds. With ADVANCE the programs then move every row's cursor on (``advance_rows``): the
-    flush reads its flush indices from the list and the cursors were read by the earlier
+    flush list (``_mamba2_flush_rows`` each; TMA and ``ck_desc`` as there). With PDL the
+    launch may start before the non-flush launch ends, and its programs wait for it
+    (``wait_prior_grid``) first. STAGES (None: Triton's default) software-pipelines the
+    loop: the next tile's loads are issued while this one folds. With ADVANCE the programs
+    then move every row's cursor on (``advance_rows``): the flush reads its flush indices
+    from the list and the cursors were read by the earlier
     launches, so no separate launch is needed."""
     TILES: tl.constexpr = (P + BPF - 1) // BPF
     wait_prior_grid(PDL)
@@ -515,14 +530,16 @@ def _mamba2_flush_kernel(
         b = tl.load(list_ptr + 1 + 2 * (item // (H * TILES)))
         fi = tl.load(list_ptr + 2 + 2 * (item // (H * TILES)))
         h = (item // TILES) % H
-        pf = (item % TILES) * BPF + tl.arange(0, BPF)
+        p0 = (item % TILES) * BPF
+        pf = p0 + tl.arange(0, BPF)
         slot = tl.load(slots_ptr + b)
         nans += _mamba2_flush_rows(
             b, h, pf, pf < P, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
             ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
             rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
             xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
-            H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BPF, RECORDS, FOLD_PREC)
+            H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, BPF, RECORDS, FOLD_PREC,
+            ck_desc, p0, TMA)
     if ADVANCE:
         advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, 256)
     if nans > 0:
@@ -594,6 +611,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
                        whole_head: bool | None = None, one_launch: bool | None = None,
                        nvfp4_decode: str | None = None, pdl: bool | str | None = None,
                        early_loads: bool = False, prep_groups: int | None = None,
+                       flush_tma: bool | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
@@ -623,7 +641,9 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     the GDN NVFP4 / fp8 non-flush steps but added 1.1-3.2 us to every flush step, whose
     programs then also form the discarded non-flush output
     (reports/kernels/tune_r111_early_b1.log). ``prep_groups`` (default
-    ``prep_groups_default``) sets the groups per ring-products program.
+    ``prep_groups_default``) sets the groups per ring-products program. ``flush_tma`` moves
+    an fp32 checkpoint's flush tiles through the tensor memory accelerator (default: where
+    it applies, ``common.resolve_flush_tma``).
     """
     if runs_reference(x):
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
@@ -637,7 +657,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     ol = resolve_one_launch(one_launch, Bsz, (
         flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
-        flush_maxnreg), conventional=cache.capacity == 0)
+        flush_maxnreg, flush_tma or None), conventional=cache.capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, x.device, x.shape[0]), pdl_edges_of(pdl)
     kb, kw = mamba2_step_knobs(cfg, P, N)
@@ -701,6 +721,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     FW = flush_warps or fwarps
     records = _records(flush_fold or fold)
+    tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, x.device)
     launch_persistent(
         _mamba2_flush_kernel, x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm,
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
@@ -708,10 +729,11 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-        HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg),
+        HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg, tma),
         RECORDS=records, FOLD_PREC=fold_precision(
             flush_precision, Br.dtype, default_fold_precision(cfg, records, BPF, Br.dtype)),
         ADVANCE=advance and fuse_advance, PDL=fl_pdl, launch_pdl=fl_pdl, num_warps=FW,
+        ck_desc=state_descriptor(cache.ckpt, BPF, tma) if tma else ck[0], TMA=tma,
         **register_cap(flush_maxnreg))
     if advance and not fuse_advance:
         advance_cursor(cache, slots)
@@ -804,12 +826,16 @@ def mamba2_tile_first(capacity: int, P: int, block_p: int, narrow: bool = True) 
     return capacity == 0 or triton.cdiv(P, block_p) > 1 or not narrow
 
 
-def flush_stages_for(cfg) -> int | None:
+def flush_stages_for(cfg, tma: bool = False) -> int | None:
     """Software-pipelining stages of the persistent Mamba-2 flush loop (H200, batch 256,
-    reports/kernels): 3 for a plain fp32 checkpoint, whose flush is bound by load latency
-    (Nemotron-3-Super 1219 -> 815 us, Nano-4B 1330 -> 881 us); otherwise None, Triton's own
-    choice, which was faster for SR and read-copy flushes than either 1 or 3 stages."""
-    return 3 if cfg.ckpt.name == "fp32" and cfg.read is None else None
+    reports/kernels): for a plain fp32 checkpoint, whose flush is bound by load latency, 3
+    with cp.async loads (Nemotron-3-Super 1219 -> 815 us, Nano-4B 1330 -> 881 us) and 2 with
+    TMA loads (``resolve_flush_tma``; Super 627.8 -> 622.4 us, Nano-4B 587.3 -> 579.9 against
+    3, tune_r152_tma.log); otherwise None, Triton's own choice, which was faster for SR and
+    read-copy flushes than either 1 or 3 stages."""
+    if cfg.ckpt.name == "fp32" and cfg.read is None:
+        return 2 if tma else 3
+    return None
 
 
 def _flush_warps(cfg) -> int:

@@ -65,9 +65,17 @@ def _arg_key(a: Any) -> Any:
         return (a.dtype, a.data_ptr() % 16 == 0)
     if isinstance(a, bool) or a is None:
         return a
+    if hasattr(a, "block_shape") and hasattr(a, "base"):  # a TensorDescriptor
+        return ("desc", a.base.dtype, tuple(a.block_shape))
     if isinstance(a, int):
         return (a == 1, a % 16 == 0)
     return type(a).__name__
+
+
+def _kwarg_key(v: Any) -> Any:
+    """A keyword argument as it keys a specialization: constexpr values as they are, tensors
+    and tensor descriptors (unhashable) by what Triton specializes them on."""
+    return v if v is None or isinstance(v, (bool, int, float, str)) else _arg_key(v)
 
 
 def _unspecialized(kernel) -> set[int]:
@@ -88,7 +96,7 @@ def resident_programs(kernel, device: torch.device, args: tuple, kwargs: dict) -
     once per specialization: arguments Triton does not specialize on, such as the batch's
     row count, do not make a new one, so a new batch size asks nothing new)."""
     skip = _unspecialized(kernel)
-    key = (kernel, device.index, tuple(sorted(kwargs.items())),
+    key = (kernel, device.index, tuple(sorted((k, _kwarg_key(v)) for k, v in kwargs.items())),
            tuple(_arg_key(a) for i, a in enumerate(args) if i not in skip))
     n = _RESIDENT.get(key)
     if n is None:
