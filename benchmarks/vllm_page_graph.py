@@ -69,6 +69,7 @@ class Result:
     null_untouched: bool = True
     counters_ok: bool = True
     refresh_exact: bool = True
+    tma: bool = False  # the persistent flush moved the page's checkpoint through TMA
     seconds: float = 0.0
     error: str = ""
 
@@ -256,6 +257,21 @@ def schedule(steps: int) -> list[tuple]:
     return events
 
 
+def flush_moves_by_tma(shape: ModelShape, cfg, cache, device: torch.device) -> bool:
+    """Whether this batch's persistent flush moves the page's checkpoint through TMA (the
+    kernels' default where the layout allows it)."""
+    from replayssm_quant.kernels.common import resolve_flush_tma
+    from replayssm_quant.kernels.gdn import gdn_flush_knobs
+    from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, one_launch_default
+
+    if cfg.L == 1:
+        return False
+    knobs = mamba2_flush_knobs(cfg) if shape.kind == "mamba2" else gdn_flush_knobs(cfg)
+    block = min(knobs[1], 1 << (shape.head_dim - 1).bit_length())
+    return resolve_flush_tma(None, cfg, shape.head_dim, block, one_launch_default(ROWS), device,
+                             cache.ckpt.data)
+
+
 def check_one(kind: str, preset: str, device: torch.device, steps: int, tiny: bool,
               seed: int, L: int | None = None) -> Result:
     res = Result(kind, preset)
@@ -268,6 +284,7 @@ def check_one(kind: str, preset: str, device: torch.device, steps: int, tiny: bo
     layer = Layer(shape, cfg, device, seed)
     graph_cache, eager_cache = layer.caches
     use_graph = device.type == "cuda"
+    res.tma = flush_moves_by_tma(shape, cfg, graph_cache, device)
 
     def captured():
         return layer.run(graph_cache, layer.static)
@@ -350,12 +367,12 @@ def main(argv=None) -> int:
                   flush=True)
     head = (f"{'layer':6s} {'preset':20s} {'steps':>5s} {'flush':>5s} {'out err':>9s} "
             f"{'state diff':>10s} {'graph=eager':>11s} {'null blk':>8s} {'counters':>8s} "
-            f"{'refresh':>7s} {'result':>6s}")
+            f"{'refresh':>7s} {'tma':>5s} {'result':>6s}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in results:
         print(f"{r.kind:6s} {r.preset:20s} {r.steps:5d} {r.flushes:5d} {r.out_err:9.2e} "
               f"{r.state_diff:10.2%} {str(r.graph_eq_eager):>11s} {str(r.null_untouched):>8s} "
-              f"{str(r.counters_ok):>8s} {str(r.refresh_exact):>7s} "
+              f"{str(r.counters_ok):>8s} {str(r.refresh_exact):>7s} {str(r.tma):>5s} "
               f"{'ok' if r.ok else 'FAIL':>6s}")
         if r.error:
             print(f"    {r.error}")

@@ -587,6 +587,13 @@ def test_flush_tma_resolves_where_it_applies():
     with pytest.raises(ValueError, match="contiguous"):
         state_descriptor(StateTensors("fp32", torch.zeros(2, 4, 2, 32).transpose(1, 2)), 4,
                          True)
+    # a page whose checkpoint starts off a 16-byte boundary: the default falls back to the
+    # cp.async loads, asking for TMA is refused
+    odd = torch.zeros(3, 2 * 32 * 32 + 8)[:, 1:1 + 2 * 32 * 32].view(3, 2, 32, 32)
+    assert not resolve_flush_tma(None, fp32, 32, 8, False, cpu, odd)
+    assert resolve_flush_tma(None, fp32, 32, 8, False, cpu, st.data)
+    with pytest.raises(ValueError, match="16-byte"):
+        resolve_flush_tma(True, fp32, 32, 8, False, cpu, odd)
 
 
 def test_launch_defaults_follow_the_measured_table():

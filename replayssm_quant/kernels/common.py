@@ -433,34 +433,45 @@ def register_cap(maxnreg: int | None) -> dict:
     return {"maxnreg": maxnreg}
 
 
+def tma_layout_problem(data: torch.Tensor) -> str | None:
+    """Why a checkpoint's data cannot be moved by a TMA tensor descriptor of its ``(slots,
+    heads * rows, d)`` view, or None when it can: fp32, each slot's ``(heads, rows, d)``
+    contiguous, base and slot stride on 16-byte boundaries."""
+    if data.dtype != torch.float32:
+        return f"flush_tma moves an fp32 checkpoint, got {data.dtype}"
+    slots, heads, rows, d = data.shape
+    if data.stride()[1:] != (rows * d, d, 1):
+        return ("flush_tma needs each slot's (heads, rows, d) contiguous, got strides "
+                f"{tuple(data.stride())}")
+    if data.data_ptr() % 16 or (data.stride(0) * 4) % 16:
+        return "flush_tma needs a 16-byte aligned checkpoint and slot stride"
+    return None
+
+
 def state_descriptor(st, block_rows: int, tma: bool):
     """For a flush that moves an fp32 checkpoint through the tensor memory accelerator
     (``tma``): a tensor descriptor of its ``(slots, heads * rows, d)`` view with blocks of
     ``block_rows`` whole rows of one slot; else None. The view keeps the slot stride, so
-    strided vLLM pages work; a layout that cannot be viewed so is refused."""
+    strided vLLM pages work; a layout ``tma_layout_problem`` names is refused."""
     if not tma:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    data = st.data
-    if data.dtype != torch.float32:
-        raise ValueError(f"flush_tma moves an fp32 checkpoint, got {data.dtype}")
-    slots, heads, rows, d = data.shape
-    try:
-        view = data.view(slots, heads * rows, d)
-    except RuntimeError as err:
-        raise ValueError(f"flush_tma needs each slot's (heads, rows, d) contiguous: {err}") from err
-    if view.data_ptr() % 16 or (view.stride(0) * 4) % 16:
-        raise ValueError("flush_tma needs a 16-byte aligned checkpoint and slot stride")
+    problem = tma_layout_problem(st.data)
+    if problem:
+        raise ValueError(problem)
+    slots, heads, rows, d = st.data.shape
+    view = st.data.view(slots, heads * rows, d)
     return TensorDescriptor.from_tensor(view, [1, block_rows, d])
 
 
 def resolve_flush_tma(tma: bool | None, cfg, rows: int, block_rows: int, one_launch: bool,
-                      device: torch.device) -> bool:
+                      device: torch.device, data: torch.Tensor | None = None) -> bool:
     """Whether the persistent flush moves its checkpoint tiles through the tensor memory
     accelerator (TMA, ``state_descriptor``): only an fp32 checkpoint without a read copy, in
     whole tiles (``rows`` per head a multiple of the flush tile's ``block_rows``), on sm_90+
-    or under the interpreter. None: wherever it applies, measured on the H200 at batch 256
+    or under the interpreter, with checkpoint ``data`` a descriptor can address
+    (``tma_layout_problem``). None: wherever it applies, measured on the H200 at batch 256
     with 2 pipelining stages against cp.async loads with 3 (reports/kernels/tune_r152_tma.log):
     the FP32 flush on Nemotron-3-Super 638.8 -> 622.4 us, Nano-4B 594.7 -> 579.9, Qwen3.5-4B
     362.0 -> 350.7, Qwen3.5-122B 693.5 -> 682.4. True where it does not apply is refused."""
@@ -468,7 +479,7 @@ def resolve_flush_tma(tma: bool | None, cfg, rows: int, block_rows: int, one_lau
     fits = (cfg.ckpt.name == "fp32" and cfg.read is None and rows % block_rows == 0
             and not one_launch)
     if tma is None:
-        return fits and gpu_ok
+        return fits and gpu_ok and (data is None or tma_layout_problem(data) is None)
     if not tma:
         return False
     if cfg.ckpt.name != "fp32" or cfg.read is not None:
@@ -482,6 +493,9 @@ def resolve_flush_tma(tma: bool | None, cfg, rows: int, block_rows: int, one_lau
                          "step's own tiles")
     if not gpu_ok:
         raise ValueError("flush_tma needs an sm_90 or newer GPU (the tensor memory accelerator)")
+    problem = tma_layout_problem(data) if data is not None else None
+    if problem:
+        raise ValueError(problem)
     return True
 
 

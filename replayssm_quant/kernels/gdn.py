@@ -742,7 +742,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             if advance and not ticket:
                 advance_cursor(cache, slots)
             return o
-        tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, q.device)
+        tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, q.device, cache.ckpt.data)
         launch_persistent(
             _gdn_flush_kernel, q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,

@@ -721,7 +721,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
     FW = flush_warps or fwarps
     records = _records(flush_fold or fold)
-    tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, x.device)
+    tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, x.device, cache.ckpt.data)
     launch_persistent(
         _mamba2_flush_kernel, x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm,
         x, dt, A, Bm, C, d, slots, y, *ck, *rd,
