@@ -707,8 +707,13 @@ def test_resident_table_names_each_sized_kernel():
     persistent._RESIDENT[key] = 12
     try:
         assert ("fn", {"BPF": 16, "num_warps": 1}, 12) in persistent.resident_table()
+        # with the compiled kernel's registers and shared memory where it was compiled here
+        persistent._COMPILED[key] = {"regs": 168, "shared": 8200}
+        assert ("fn", {"BPF": 16, "num_warps": 1, "regs": 168, "shared": 8200}, 12) in \
+            persistent.resident_table()
     finally:
         del persistent._RESIDENT[key]
+        persistent._COMPILED.pop(key, None)
 
 
 def test_grid_order_defaults_follow_the_measured_table():

@@ -218,3 +218,17 @@ def test_compile_check_variants_resolve():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--list",
                           "-k", "gdn-flush"], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() and all("gdn-flush" in ln for ln in out.splitlines())
+
+
+def test_constexpr_overrides_parse_and_refuse():
+    """``--const NAME=VALUE``: Python literals for the kernel's own arguments; a name the
+    kernel lacks, a missing ``=`` or a value that is no literal is refused."""
+    over = _module().constexpr_overrides
+    names = ["x_ptr", "STAGES", "FOLD_PREC", "TMA"]
+    assert over(["STAGES=3", "FOLD_PREC='ieee'", "TMA=True"], names) == {
+        "STAGES": 3, "FOLD_PREC": "ieee", "TMA": True}
+    assert over([], names) == {}
+    for bad, match in (("STAGE=3", "not an argument"), ("STAGES", "NAME=VALUE"),
+                       ("=3", "NAME=VALUE"), ("FOLD_PREC=ieee", "Python literal")):
+        with pytest.raises(ValueError, match=match):
+            over([bad], names)

@@ -29,6 +29,7 @@ timings.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import json
 import os
@@ -202,7 +203,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
                 FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
         types = {"slots_ptr": "*i32", "list_ptr": "*i32", "fi_ptr": "*i32", "nan_ptr": "*i32",
-                 "xr_ptr": "*bf16", "Br_ptr": "*bf16", "ck_ptr": data.get(ck, "*fp32"),
+                 "xr_ptr": "*bf16", "Br_ptr": "*bf16", "B_ptr": "*bf16", "C_ptr": "*bf16",
+                 "x_ptr": "*bf16", "ck_ptr": data.get(ck, "*fp32"),
                  "rd_ptr": data.get(rd, "*fp32"), "ck_bs_ptr": "*fp8e4nv", "rd_bs_ptr": "*fp8e4nv"}
         sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr ck_ptr ck_rs_ptr "
                    "ck_bs_ptr", types, "*fp32")
@@ -228,6 +230,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         data = {FMT_CODES["fp16"]: "*fp16", FMT_CODES["bf16"]: "*bf16",
                 FMT_CODES["fp8e4m3"]: "*fp8e4nv", FMT_CODES["nvfp4"]: "*u8"}
         types = {"slots_ptr": "*i32", "cur_ptr": "*i32", "xr_ptr": "*bf16", "Br_ptr": "*bf16",
+                 "x_ptr": "*bf16", "B_ptr": "*bf16", "C_ptr": "*bf16",
                  "src_ptr": data.get(src, "*fp32"), "src_bs_ptr": "*fp8e4nv"}
         sig = _sig("x_ptr dt_ptr A_ptr B_ptr D_ptr C_ptr slots_ptr y_ptr src_ptr src_rs_ptr "
                    "src_bs_ptr", types, "*fp32")
@@ -428,6 +431,24 @@ def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int 
     return out
 
 
+def constexpr_overrides(items: list[str], names: list[str]) -> dict:
+    """``NAME=VALUE`` items (``--const``) as constexprs: values are Python literals, and a name
+    must be one of the kernel's arguments ``names`` (a typo would otherwise compile the
+    unchanged kernel)."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{item!r}: expected NAME=VALUE")
+        if name not in names:
+            raise ValueError(f"{name!r} is not an argument of this kernel ({', '.join(names)})")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{item!r}: VALUE must be a Python literal") from None
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -462,12 +483,18 @@ def main() -> None:
                     help="decode-step and verify targets as programmatic dependent launches")
     ap.add_argument("--tma", action="store_true",
                     help="flush targets: the fp32 checkpoint through a tensor descriptor")
+    ap.add_argument("--const", action="append", default=[], metavar="NAME=VALUE",
+                    help="set a constexpr of the kernel (a Python literal), e.g. STAGES=3; repeatable")
     a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
                              fold=a.fold, one_launch=a.one_launch, nvfp4_decode=a.nvfp4_decode,
                              pdl=a.pdl, tma=a.tma)
+    try:
+        consts.update(constexpr_overrides(a.const, list(fn.arg_names)))
+    except ValueError as err:
+        sys.exit(f"--const: {err}")
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
     if a.json:
         print(json.dumps(s, indent=1))

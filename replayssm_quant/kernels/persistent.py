@@ -30,6 +30,7 @@ SHARED_RESERVED = 1024  # shared memory the system reserves per program
 FALLBACK_PER_SM = 4  # the grid before programs were counted, for a Triton this cannot read
 
 _RESIDENT: dict[tuple, int] = {}
+_COMPILED: dict[tuple, dict[str, int]] = {}  # registers and shared bytes behind each count
 
 
 def programs_per_sm(regs: int, warps: int, shared: int = 0, *, sm_threads: int = SM_THREADS,
@@ -109,6 +110,7 @@ def resident_programs(kernel, device: torch.device, args: tuple, kwargs: dict) -
                           f"using {FALLBACK_PER_SM} programs per SM", RuntimeWarning, stacklevel=2)
             _RESIDENT[key] = FALLBACK_PER_SM
             return FALLBACK_PER_SM
+        _COMPILED[key] = {"regs": compiled.n_regs, "shared": shared}
         n = _driver_occupancy(compiled.function, 32 * warps, shared)
         if n is None:
             props = torch.cuda.get_device_properties(device)
@@ -121,13 +123,15 @@ def resident_programs(kernel, device: torch.device, args: tuple, kwargs: dict) -
 
 def resident_table() -> list[tuple[str, dict, int]]:
     """(kernel name, tile knobs, resident programs per SM) of every specialization sized so
-    far, for benchmark logs."""
-    keys = ("BPF", "BVF", "num_warps", "RECORDS", "CK_FMT", "RD_FMT", "SR", "P", "V")
+    far, for benchmark logs; the knobs end with the compiled kernel's ``regs`` and
+    ``shared`` bytes where it was compiled here (what limits the count)."""
+    keys = ("BPF", "BVF", "num_warps", "maxnreg", "STAGES", "TMA", "RECORDS", "CK_FMT", "RD_FMT",
+            "SR", "P", "V")
     out = []
     for key, n in _RESIDENT.items():
         kw = dict(key[2])
         name = getattr(getattr(key[0], "fn", None), "__name__", str(key[0]))
-        out.append((name, {k: kw[k] for k in keys if k in kw}, n))
+        out.append((name, {**{k: kw[k] for k in keys if k in kw}, **_COMPILED.get(key, {})}, n))
     return out
 
 
