@@ -260,16 +260,12 @@ def schedule(steps: int) -> list[tuple]:
 def flush_moves_by_tma(shape: ModelShape, cfg, cache, device: torch.device) -> bool:
     """Whether this batch's persistent flush moves the page's checkpoint through TMA (the
     kernels' default where the layout allows it)."""
-    from replayssm_quant.kernels.common import resolve_flush_tma
-    from replayssm_quant.kernels.gdn import gdn_flush_knobs
-    from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, one_launch_default
+    from replayssm_quant.kernels.plan import step_plan
 
     if cfg.L == 1:
         return False
-    knobs = mamba2_flush_knobs(cfg) if shape.kind == "mamba2" else gdn_flush_knobs(cfg)
-    block = min(knobs[1], 1 << (shape.head_dim - 1).bit_length())
-    return resolve_flush_tma(None, cfg, shape.head_dim, block, one_launch_default(ROWS), device,
-                             cache.ckpt.data)
+    plan = step_plan(shape, cfg, ROWS, device, ckpt_data=cache.ckpt.data)
+    return plan.flush is not None and plan.flush.tma
 
 
 def check_one(kind: str, preset: str, device: torch.device, steps: int, tiny: bool,

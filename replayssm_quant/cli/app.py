@@ -23,7 +23,7 @@ def _root() -> None:
 
 
 # Subcommand modules; each defines `register(app)`.
-_COMMANDS = ("configs", "drift", "eval", "recommend", "report", "gate")
+_COMMANDS = ("configs", "plan", "drift", "eval", "recommend", "report", "gate")
 
 
 def _load() -> None:

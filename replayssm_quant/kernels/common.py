@@ -8,13 +8,14 @@ so SR is done in software here.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .plan import Target
 
 # A non-flush step's fp8 / NVFP4 read-copy rows are read once per step; marked first to leave
 # L2, they leave the ring records (as large as the copy's rows on Qwen3.5: u in fp32) that
@@ -466,7 +467,7 @@ def state_descriptor(st, block_rows: int, tma: bool):
 
 
 def resolve_flush_tma(tma: bool | None, cfg, rows: int, block_rows: int, one_launch: bool,
-                      device: torch.device, data: torch.Tensor | None = None) -> bool:
+                      device, data: torch.Tensor | None = None) -> bool:
     """Whether the persistent flush moves its checkpoint tiles through the tensor memory
     accelerator (TMA, ``state_descriptor``): only an fp32 checkpoint without a read copy, in
     whole tiles (``rows`` per head a multiple of the flush tile's ``block_rows``), on sm_90+
@@ -475,7 +476,7 @@ def resolve_flush_tma(tma: bool | None, cfg, rows: int, block_rows: int, one_lau
     with 2 pipelining stages against cp.async loads with 3 (reports/kernels/tune_r152_tma.log):
     the FP32 flush on Nemotron-3-Super 638.8 -> 622.4 us, Nano-4B 594.7 -> 579.9, Qwen3.5-4B
     362.0 -> 350.7, Qwen3.5-122B 693.5 -> 682.4. True where it does not apply is refused."""
-    gpu_ok = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+    gpu_ok = Target.of(device).tma
     fits = (cfg.ckpt.name == "fp32" and cfg.read is None and rows % block_rows == 0
             and not one_launch)
     if tma is None:
@@ -720,14 +721,6 @@ def pow2_prescale_of(v):
 def e2m1_lut_value(code, lut_ptr):
     """4-bit codes -> fp32 through a 16-entry table (served from L1)."""
     return tl.load(lut_ptr + code)
-
-
-@functools.cache
-def programmatic_launch(device: torch.device) -> bool:
-    """Whether launches on ``device`` can overlap the previous launch in their stream
-    (programmatic dependent launch, ``griddepcontrol``: sm_90 and newer). Asked once per
-    device: every decode step asks."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 @triton.jit

@@ -68,6 +68,7 @@ from .mamba2 import (
     verify_precision,
 )
 from .persistent import launch_persistent
+from .plan import FlushPlan, StepPlan, Target
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -673,90 +674,139 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
     HV, HK, V, K = _check(cache, q, k, v, g, beta, slots)
-    check_prep_groups(prep_groups, HK, "key heads")
     cfg = cache.cfg
+    plan = gdn_step_plan(
+        cfg, cache.capacity, HV, HK, V, K, q.shape[0], q.device, ring_dtype=cache.ring["k"].dtype,
+        ckpt_data=cache.ckpt.data, block_v=block_v, advance=advance, num_warps=num_warps,
+        flush_block_v=flush_block_v, flush_warps=flush_warps, flush_per_sm=flush_per_sm, lut=lut,
+        flush_stages=flush_stages, flush_fold=flush_fold, flush_precision=flush_precision,
+        tile_first=tile_first, fuse_advance=fuse_advance, fuse_prep=fuse_prep, maxnreg=maxnreg,
+        flush_maxnreg=flush_maxnreg, one_launch=one_launch, pdl=pdl, early_loads=early_loads,
+        prep_groups=prep_groups, flush_tma=flush_tma)
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
-    ol = resolve_one_launch(one_launch, Bsz, (
-        flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
-        flush_maxnreg, flush_tma or None), conventional=cache.capacity == 0)
-    ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(pdl, q.device, q.shape[0]), pdl_edges_of(pdl)
-    kb, kw = gdn_step_knobs(cfg, V)
-    BV = block_v or small_grid_rows(cfg, kb, V, HV, Bsz, ol)
-    num_warps = num_warps or kw
-    tf = gdn_tile_first(cache.capacity, reads_narrow_copy(cfg)) if tile_first is None else tile_first
-    grid = step_grid(Bsz, HV, triton.cdiv(V, BV), tf)
     ck = _state_args(cache.ckpt, slots)
-    if cache.capacity == 0:
-        _gdn_conv_kernel[grid](q, k, v, g, beta, slots, o, *ck, cache.flush_index,
-                               cache.nan_count, cache.seed, cache.layer, cache.ticket,
-                               cache.cursor, Bsz, HV=HV, HK=HK, V=V, K=K,
-                               CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=BV, TILE_FIRST=tf,
-                               ADVANCE=ticket,
-                               num_warps=num_warps, **register_cap(maxnreg))
-        if advance and not ticket:
+    if plan.conventional:
+        _gdn_conv_kernel[plan.grid](q, k, v, g, beta, slots, o, *ck, cache.flush_index,
+                                    cache.nan_count, cache.seed, cache.layer, cache.ticket,
+                                    cache.cursor, Bsz, HV=HV, HK=HK, V=V, K=K,
+                                    CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=plan.rows,
+                                    TILE_FIRST=plan.tile_first, ADVANCE=plan.ticket,
+                                    num_warps=plan.warps, **register_cap(maxnreg))
+        if plan.separate_advance:
             advance_cursor(cache, slots)
-    else:
-        rd = _state_args(cache.read, slots)
-        LB = max(16, triton.next_power_of_2(cache.capacity))
-        kd = torch.empty(Bsz, HK, 2 * LB + 1, device=q.device, dtype=torch.float32)
-        work = torch.empty(2 * Bsz + 1, device=q.device, dtype=torch.int32)
-        ring = _ring_args(cache)
-        kr, gr, br = ring[0], ring[2], ring[4]
-        fold, fblock, fwarps = gdn_flush_knobs(cfg)
-        records = _records(flush_fold or fold)
-        ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
-        BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
-        FW = flush_warps or fwarps
-        fprec = fold_precision(flush_precision, kr.dtype,
-                               default_fold_precision(cfg, records, BVF, kr.dtype))
-        _check_ut_tile(ut, fprec, BVF, FW)  # before any launch
-        ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
-        # the UT transform needs its own launch; otherwise small batches fold it away
-        fp = ol or (not ut and (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep))
-        if not fp:
-            pk = 1 if ut else prep_groups or prep_groups_default(Bsz, HK)
-            _gdn_prep_kernel[(Bsz, HK // pk, HV // HK if ut else 1)](
-                q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
-                cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
-                CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
-                FOLD_PREC="ieee" if fprec == "bf16x3" else fprec,
-                PDL=use_pdl and "prep" in pdl_edges, PK=pk, num_warps=4)
-        # programmatic launches: the non-flush launch after the ring products, the flush after it
-        nf_pdl = use_pdl and not fp and "prep" in pdl_edges
-        fl_pdl = use_pdl and not ol and "flush" in pdl_edges
-        src = rd if cache.read is not None else ck
-        _gdn_nonflush_kernel[grid](
-            q, k, v, g, beta, slots, o, *src, *_ring_args(cache), cache.cursor, kd,
-            lut_table(lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
-            cache.seed, cache.layer, cache.ticket, HV=HV, HK=HK, V=V, K=K,
-            L=cfg.L, CAP=cache.capacity, LB=LB,
-            SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=BV, LUT=lut,
-            TILE_FIRST=tf, FUSED_PREP=fp, ONE_LAUNCH=ol, ADVANCE=ticket,
-            CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-            PDL=nf_pdl, FLUSH_PDL=fl_pdl, EARLY=bool(early_loads),
-            launch_pdl=nf_pdl,
-            num_warps=num_warps, **register_cap(maxnreg))
-        if ol:
-            if advance and not ticket:
-                advance_cursor(cache, slots)
-            return o
-        tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, q.device, cache.ckpt.data)
+        return o
+    rd = _state_args(cache.read, slots)
+    LB = max(16, triton.next_power_of_2(cache.capacity))
+    kd = torch.empty(Bsz, HK, 2 * LB + 1, device=q.device, dtype=torch.float32)
+    work = torch.empty(2 * Bsz + 1, device=q.device, dtype=torch.int32)
+    ring = _ring_args(cache)
+    kr, gr, br = ring[0], ring[2], ring[4]
+    fl = plan.flush
+    ut = fl is not None and fl.ut  # the flush solves the window with (I + M)^-T
+    ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
+    if plan.prep_grid is not None:
+        _gdn_prep_kernel[plan.prep_grid](
+            q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
+            cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
+            CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
+            FOLD_PREC="ieee" if fl.precision == "bf16x3" else fl.precision,
+            PDL=plan.prep_pdl, PK=plan.prep_groups, num_warps=4)
+    fl_pdl = fl is not None and fl.pdl
+    src = rd if cache.read is not None else ck
+    _gdn_nonflush_kernel[plan.grid](
+        q, k, v, g, beta, slots, o, *src, *ring, cache.cursor, kd,
+        lut_table(lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
+        cache.seed, cache.layer, cache.ticket, HV=HV, HK=HK, V=V, K=K,
+        L=cfg.L, CAP=cache.capacity, LB=LB,
+        SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=plan.rows, LUT=lut,
+        TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep, ONE_LAUNCH=plan.one_launch,
+        ADVANCE=plan.ticket, CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        PDL=plan.step_pdl, FLUSH_PDL=fl_pdl, EARLY=plan.early_loads,
+        launch_pdl=plan.step_pdl,
+        num_warps=plan.warps, **register_cap(maxnreg))
+    if fl is not None:
         launch_persistent(
-            _gdn_flush_kernel, q.device, Bsz * HV * triton.cdiv(V, BVF), flush_per_sm,
+            _gdn_flush_kernel, q.device, fl.tiles, fl.per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
             K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
-            RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=BVF,
-            RECORDS=records, STAGES=flush_stages or gdn_flush_stages(fprec, records, cfg, tma),
-            FOLD_PREC=fprec, ADVANCE=advance and fuse_advance, PDL=fl_pdl, launch_pdl=fl_pdl,
-            num_warps=FW, ck_desc=state_descriptor(cache.ckpt, BVF, tma) if tma else ck[0],
-            TMA=tma,
-            **register_cap(flush_maxnreg))
-        if advance and not fuse_advance:
-            advance_cursor(cache, slots)
+            RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=fl.rows,
+            RECORDS=fl.fold == "records", STAGES=fl.stages, FOLD_PREC=fl.precision,
+            ADVANCE=fl.advances_cursor, PDL=fl.pdl, launch_pdl=fl.pdl, num_warps=fl.warps,
+            ck_desc=state_descriptor(cache.ckpt, fl.rows, fl.tma) if fl.tma else ck[0],
+            TMA=fl.tma, **register_cap(flush_maxnreg))
+    if plan.separate_advance:
+        advance_cursor(cache, slots)
     return o
+
+
+def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: int,
+                  target: Target | torch.device, *, ring_dtype: torch.dtype = torch.bfloat16,
+                  ckpt_data: torch.Tensor | None = None, block_v: int | None = None,
+                  advance: bool = True, num_warps: int | None = None,
+                  flush_block_v: int | None = None, flush_warps: int | None = None,
+                  flush_per_sm: int | None = None, lut: bool = False,
+                  flush_stages: int | None = None, flush_fold: str | None = None,
+                  flush_precision: str | None = None, tile_first: bool | None = None,
+                  fuse_advance: bool = True, fuse_prep: bool | None = None,
+                  maxnreg: int | None = None, flush_maxnreg: int | None = None,
+                  one_launch: bool | None = None, pdl: bool | str | None = None,
+                  early_loads: bool = False, prep_groups: int | None = None,
+                  flush_tma: bool | None = None) -> StepPlan:
+    """The launches of ``gdn_decode_step`` for HV value heads of V rows x K key columns and
+    HK key heads, ring capacity ``capacity`` (0: conventional), ``batch`` rows on
+    ``target``, with its knobs (same names and defaults); every knob is checked here, before
+    any launch. ``ring_dtype`` (the keys') picks the flush's default products, ``ckpt_data``
+    lets the flush check that TMA can address the checkpoint."""
+    target = Target.of(target)
+    check_prep_groups(prep_groups, HK, "key heads")
+    register_cap(maxnreg)
+    register_cap(flush_maxnreg)
+    src = cfg.read or cfg.ckpt
+    flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
+                   flush_precision, flush_maxnreg, flush_tma or None)
+    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
+    ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
+    use_pdl, pdl_edges = resolve_pdl(pdl, target, batch), pdl_edges_of(pdl)
+    kb, kw = gdn_step_knobs(cfg, V)
+    BV = block_v or small_grid_rows(cfg, kb, V, HV, batch, ol)
+    tf = gdn_tile_first(capacity, reads_narrow_copy(cfg)) if tile_first is None else tile_first
+    tiles = triton.cdiv(V, BV)
+    base = dict(kind="gdn", config=str(cfg), batch=batch, heads=HV, dim=V, d_state=K, groups=HK,
+                capacity=capacity, target=target, one_launch=ol, ticket=ticket, rows=BV,
+                rows2=0, tiles=tiles, tile_first=bool(tf), grid=step_grid(batch, HV, tiles, tf),
+                warps=num_warps or kw, maxnreg=maxnreg)
+    if capacity == 0:
+        return StepPlan(**base, separate_advance=advance and not ticket, fused_prep=False,
+                        prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
+    fold, fblock, fwarps = gdn_flush_knobs(cfg)
+    records = _records(flush_fold or fold)
+    ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
+    BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
+    FW = flush_warps or fwarps
+    fprec = fold_precision(flush_precision, ring_dtype,
+                           default_fold_precision(cfg, records, BVF, ring_dtype))
+    _check_ut_tile(ut, fprec, BVF, FW)
+    # the UT transform needs its own launch; otherwise small batches fold it away
+    fp = ol or (not ut and (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
+    pk = None if fp else (1 if ut else prep_groups or prep_groups_default(batch, HK))
+    flush = None
+    if not ol:
+        tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, target, ckpt_data)
+        flush = FlushPlan(
+            fold="records" if records else "dot", rows=BVF, warps=FW, precision=fprec,
+            stages=flush_stages or gdn_flush_stages(fprec, records, cfg, tma), tma=tma,
+            tiles=batch * HV * triton.cdiv(V, BVF), per_sm=flush_per_sm, maxnreg=flush_maxnreg,
+            pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance,
+            recompute_u=cfg.recompute_u, ut=ut)
+    return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
+                    fused_prep=fp, prep_groups=pk,
+                    prep_grid=None if fp else (batch, HK // pk, HV // HK if ut else 1),
+                    prep_pdl=use_pdl and "prep" in pdl_edges and not fp,
+                    step_pdl=use_pdl and not fp and "prep" in pdl_edges, flush=flush,
+                    decode=("lut" if lut else "words") if src.name == "nvfp4" else "",
+                    early_loads=bool(early_loads))
 
 
 # ------------------------------------------------------------------------------ speculative

@@ -29,7 +29,6 @@ from .common import (
     log_decay_suffixes,
     lut_table,
     pow2_prescale_of,
-    programmatic_launch,
     register_cap,
     release_dependents,
     resolve_flush_tma,
@@ -46,6 +45,7 @@ from .common import (
     write_state,
 )
 from .persistent import launch_persistent
+from .plan import FlushPlan, StepPlan, Target
 
 
 def _fmt(st) -> int:
@@ -649,95 +649,145 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
                               advance=advance, out=out)
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
-    check_prep_groups(prep_groups, G, "groups")
     cfg = cache.cfg
-    e4m3 = (_nvfp4_decode(nvfp4_decode) == "e4m3" and not lut
-            and (cache.read or cache.ckpt).fmt == "nvfp4")
+    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
+    plan = mamba2_step_plan(
+        cfg, cache.capacity, H, P, N, G, x.shape[0], x.device, ring_dtype=Br.dtype,
+        ckpt_data=cache.ckpt.data, block_p=block_p, advance=advance, num_warps=num_warps,
+        flush_block_p=flush_block_p, flush_warps=flush_warps, flush_per_sm=flush_per_sm, lut=lut,
+        flush_stages=flush_stages, flush_fold=flush_fold, flush_precision=flush_precision,
+        tile_first=tile_first, fuse_advance=fuse_advance, fuse_prep=fuse_prep, maxnreg=maxnreg,
+        flush_maxnreg=flush_maxnreg, whole_head=whole_head, one_launch=one_launch,
+        nvfp4_decode=nvfp4_decode, pdl=pdl, early_loads=early_loads, prep_groups=prep_groups,
+        flush_tma=flush_tma)
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
-    ol = resolve_one_launch(one_launch, Bsz, (
-        flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold, flush_precision,
-        flush_maxnreg, flush_tma or None), conventional=cache.capacity == 0)
+    d = D if D is not None else A
+    ck = _state_args(cache.ckpt, slots)
+    if plan.conventional:
+        _mamba2_conv_kernel[plan.grid](
+            x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
+            cache.seed, cache.layer, cache.ticket, cache.cursor, Bsz, H=H, P=P, N=N, G=G,
+            CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, HAS_D=D is not None, BP=plan.rows,
+            TILE_FIRST=plan.tile_first, ADVANCE=plan.ticket, num_warps=plan.warps,
+            **register_cap(maxnreg))
+        if plan.separate_advance:
+            advance_cursor(cache, slots)
+        return y
+    rd = _state_args(cache.read, slots)
+    LB = max(16, triton.next_power_of_2(cache.capacity))
+    bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
+    work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
+    if plan.prep_grid is not None:
+        _mamba2_prep_kernel[plan.prep_grid](
+            Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
+            G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256,
+            PDL=plan.prep_pdl, PG=plan.prep_groups, num_warps=4)
+    fl = plan.flush
+    fl_pdl = fl is not None and fl.pdl
+    src = rd if cache.read is not None else ck
+    _mamba2_nonflush_kernel[plan.grid](
+        x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
+        slot_stride(Br), cache.cursor, bc, lut_table(lut, y), cache.flush_index, work, Bsz,
+        *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket,
+        H=H, P=P, N=N, G=G, L=cfg.L,
+        CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
+        BP=plan.rows, LUT=lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
+        BP2=plan.rows2, ONE_LAUNCH=plan.one_launch, ADVANCE=plan.ticket,
+        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        E4M3=plan.decode == "e4m3", PDL=plan.step_pdl, FLUSH_PDL=fl_pdl,
+        EARLY=plan.early_loads, launch_pdl=plan.step_pdl,
+        num_warps=plan.warps, **register_cap(maxnreg))
+    if fl is not None:
+        launch_persistent(
+            _mamba2_flush_kernel, x.device, fl.tiles, fl.per_sm,
+            x, dt, A, Bm, C, d, slots, y, *ck, *rd,
+            xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
+            work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
+            H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
+            CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+            HAS_D=D is not None, BPF=fl.rows, STAGES=fl.stages, RECORDS=fl.fold == "records",
+            FOLD_PREC=fl.precision, ADVANCE=fl.advances_cursor, PDL=fl.pdl, launch_pdl=fl.pdl,
+            num_warps=fl.warps,
+            ck_desc=state_descriptor(cache.ckpt, fl.rows, fl.tma) if fl.tma else ck[0],
+            TMA=fl.tma, **register_cap(flush_maxnreg))
+    if plan.separate_advance:
+        advance_cursor(cache, slots)
+    return y
+
+
+def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: int,
+                     target: Target | torch.device, *, ring_dtype: torch.dtype = torch.bfloat16,
+                     ckpt_data: torch.Tensor | None = None, block_p: int | None = None,
+                     advance: bool = True, num_warps: int | None = None,
+                     flush_block_p: int | None = None, flush_warps: int | None = None,
+                     flush_per_sm: int | None = None, lut: bool = False,
+                     flush_stages: int | None = None, flush_fold: str | None = None,
+                     flush_precision: str | None = None, tile_first: bool | None = None,
+                     fuse_advance: bool = True, fuse_prep: bool | None = None,
+                     maxnreg: int | None = None, flush_maxnreg: int | None = None,
+                     whole_head: bool | None = None, one_launch: bool | None = None,
+                     nvfp4_decode: str | None = None, pdl: bool | str | None = None,
+                     early_loads: bool = False, prep_groups: int | None = None,
+                     flush_tma: bool | None = None) -> StepPlan:
+    """The launches of ``mamba2_decode_step`` for H heads of P rows x N state columns in G
+    groups, ring capacity ``capacity`` (0: conventional), ``batch`` rows on ``target``, with
+    its knobs (same names and defaults); every knob is checked here, before any launch.
+    ``ring_dtype`` (B's) picks the flush's default products, ``ckpt_data`` lets the flush
+    check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
+    target = Target.of(target)
+    check_prep_groups(prep_groups, G, "groups")
+    register_cap(maxnreg)
+    register_cap(flush_maxnreg)
+    src = cfg.read or cfg.ckpt
+    mode = _nvfp4_decode(nvfp4_decode)
+    decode = ("lut" if lut else mode) if src.name == "nvfp4" else ""
+    flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
+                   flush_precision, flush_maxnreg, flush_tma or None)
+    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(pdl, x.device, x.shape[0]), pdl_edges_of(pdl)
+    use_pdl, pdl_edges = resolve_pdl(pdl, target, batch), pdl_edges_of(pdl)
     kb, kw = mamba2_step_knobs(cfg, P, N)
-    BP = block_p or small_grid_rows(cfg, kb, P, H, Bsz, ol)
+    BP = block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
     BP2 = 0
-    split = whole_head_rows(P, N) if cache.capacity else None
+    split = whole_head_rows(P, N) if capacity else None
     if whole_head is None:
         whole_head = whole_head_default(cfg, ol) and block_p is None and BP == kb
     if whole_head and split is not None:
         BP, BP2 = split
     tiles = 1 if BP2 else triton.cdiv(P, BP)
     if tile_first is None:  # a whole-head grid has one tile per head: nothing to order
-        tile_first = not BP2 and mamba2_tile_first(cache.capacity, P, BP, reads_narrow_copy(cfg))
-    tf = tile_first
-    grid = step_grid(Bsz, H, tiles, tf)
-    d = D if D is not None else A
-    ck = _state_args(cache.ckpt, slots)
-    if cache.capacity == 0:
-        _mamba2_conv_kernel[grid](
-            x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
-            cache.seed, cache.layer, cache.ticket, cache.cursor, Bsz, H=H, P=P, N=N, G=G,
-            CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, HAS_D=D is not None, BP=BP,
-            TILE_FIRST=tf, ADVANCE=ticket, num_warps=num_warps or kw,
-            **register_cap(maxnreg))
-        if advance and not ticket:
-            advance_cursor(cache, slots)
-        return y
-    rd = _state_args(cache.read, slots)
-    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
-    LB = max(16, triton.next_power_of_2(cache.capacity))
-    bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
-    work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
-    fp = ol or (fused_prep_default(Bsz) if fuse_prep is None else fuse_prep)
-    if not fp:
-        pg = prep_groups or prep_groups_default(Bsz, G)
-        _mamba2_prep_kernel[(Bsz, G // pg)](
-            Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
-            G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256,
-            PDL=use_pdl and "prep" in pdl_edges, PG=pg, num_warps=4)
+        tile_first = not BP2 and mamba2_tile_first(capacity, P, BP, reads_narrow_copy(cfg))
+    base = dict(kind="mamba2", config=str(cfg), batch=batch, heads=H, dim=P, d_state=N,
+                groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
+                rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
+                grid=step_grid(batch, H, tiles, tile_first), warps=num_warps or kw,
+                maxnreg=maxnreg, decode=decode, early_loads=bool(early_loads))
+    if capacity == 0:
+        return StepPlan(**{**base, "decode": "", "early_loads": False},
+                        separate_advance=advance and not ticket, fused_prep=False,
+                        prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
+    fp = ol or (fused_prep_default(batch) if fuse_prep is None else fuse_prep)
+    pg = None if fp else prep_groups or prep_groups_default(batch, G)
     # programmatic launches: the non-flush launch after the ring products, the flush after it
-    nf_pdl = use_pdl and not fp and "prep" in pdl_edges
-    fl_pdl = use_pdl and not ol and "flush" in pdl_edges
-    src = rd if cache.read is not None else ck
-    _mamba2_nonflush_kernel[grid](
-        x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
-        slot_stride(Br), cache.cursor, bc, lut_table(lut, y), cache.flush_index, work, Bsz,
-        *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket,
-        H=H, P=P, N=N, G=G, L=cfg.L,
-        CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=BP, LUT=lut, TILE_FIRST=tf, FUSED_PREP=fp, BP2=BP2, ONE_LAUNCH=ol, ADVANCE=ticket,
-
-        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, E4M3=e4m3,
-        PDL=nf_pdl, FLUSH_PDL=fl_pdl, EARLY=bool(early_loads),
-        launch_pdl=nf_pdl,
-        num_warps=num_warps or kw, **register_cap(maxnreg))
-    if ol:
-        if advance and not ticket:
-            advance_cursor(cache, slots)
-        return y
-    fold, fblock, fwarps = mamba2_flush_knobs(cfg)
-    BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
-    FW = flush_warps or fwarps
-    records = _records(flush_fold or fold)
-    tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, x.device, cache.ckpt.data)
-    launch_persistent(
-        _mamba2_flush_kernel, x.device, Bsz * H * triton.cdiv(P, BPF), flush_per_sm,
-        x, dt, A, Bm, C, d, slots, y, *ck, *rd,
-        xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
-        work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
-        H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
-        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-        HAS_D=D is not None, BPF=BPF, STAGES=flush_stages or flush_stages_for(cfg, tma),
-        RECORDS=records, FOLD_PREC=fold_precision(
-            flush_precision, Br.dtype, default_fold_precision(cfg, records, BPF, Br.dtype)),
-        ADVANCE=advance and fuse_advance, PDL=fl_pdl, launch_pdl=fl_pdl, num_warps=FW,
-        ck_desc=state_descriptor(cache.ckpt, BPF, tma) if tma else ck[0], TMA=tma,
-        **register_cap(flush_maxnreg))
-    if advance and not fuse_advance:
-        advance_cursor(cache, slots)
-    return y
+    prep_pdl = use_pdl and "prep" in pdl_edges
+    step_pdl = use_pdl and not fp and "prep" in pdl_edges
+    flush = None
+    if not ol:
+        fold, fblock, fwarps = mamba2_flush_knobs(cfg)
+        BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
+        records = _records(flush_fold or fold)
+        tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, target, ckpt_data)
+        flush = FlushPlan(
+            fold="records" if records else "dot", rows=BPF, warps=flush_warps or fwarps,
+            precision=fold_precision(flush_precision, ring_dtype,
+                                     default_fold_precision(cfg, records, BPF, ring_dtype)),
+            stages=flush_stages or flush_stages_for(cfg, tma), tma=tma,
+            tiles=batch * H * triton.cdiv(P, BPF), per_sm=flush_per_sm, maxnreg=flush_maxnreg,
+            pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance)
+    return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
+                    fused_prep=fp, prep_groups=pg, prep_grid=None if fp else (batch, G // pg),
+                    prep_pdl=prep_pdl and not fp, step_pdl=step_pdl, flush=flush)
 
 
 PDL_EDGES = ("prep", "flush")
@@ -779,16 +829,17 @@ def pdl_default(batch: int) -> bool:
     return batch <= PDL_MAX_BATCH
 
 
-def resolve_pdl(pdl: bool | str | None, device: torch.device, batch: int = 0) -> bool:
+def resolve_pdl(pdl: bool | str | None, device: torch.device | Target, batch: int = 0) -> bool:
     """Whether a ReplaySSM step's launches after its first overlap the launch before them
     (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
     (None) where the GPU has it (sm_90+) and ``pdl_default(batch)`` holds; asking for it is
     refused on an older GPU, whose compiler has no ``griddepcontrol``. Under the interpreter
     (CPU tensors) it runs the same kernels, whose waits are no-ops there."""
     pdl_edges_of(pdl)
+    target = Target.of(device)
     if pdl is None:
-        return programmatic_launch(device) and pdl_default(batch)
-    if pdl and device.type == "cuda" and not programmatic_launch(device):
+        return target.programmatic_launch and pdl_default(batch)
+    if pdl and target.cuda and not target.programmatic_launch:
         raise ValueError("pdl needs an sm_90 or newer GPU (programmatic dependent launch)")
     return bool(pdl)
 

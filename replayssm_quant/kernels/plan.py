@@ -1,0 +1,247 @@
+"""What a decode step launches, resolved in one place.
+
+Every knob of ``mamba2_decode_step`` / ``gdn_decode_step`` has a default that depends on the
+config, the layer's shape, the batch size and the GPU (tile rows, warps, one launch or three,
+the flush's fold, products, pipelining stages, TMA, programmatic launch). The decode steps
+resolve them through ``mamba2_step_plan`` / ``gdn_step_plan`` and launch exactly what the
+returned ``StepPlan`` says, so the plan printed for a config (``step_plan``, the
+``replayssm-quant plan`` command) is the plan the GPU runs. A plan also validates the knobs
+before any launch: a bad one fails with the reason and nothing runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Target:
+    """What of the device a plan depends on: CUDA or the interpreter, the compute capability
+    (programmatic dependent launch and TMA need sm_90+) and the SM count (the persistent
+    flush's grid)."""
+
+    cuda: bool
+    capability: tuple[int, int] = (0, 0)
+    sms: int = 0
+    name: str = "interpreter"
+
+    @classmethod
+    def of(cls, device: torch.device | Target) -> Target:
+        """The target of a torch device (asks the driver once per device)."""
+        if isinstance(device, Target):
+            return device
+        device = torch.device(device)
+        if device.type != "cuda":
+            return cls(cuda=False, name=f"{device.type} (interpreter / reference)")
+        return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+
+    @property
+    def programmatic_launch(self) -> bool:
+        """Whether launches can overlap the one before them (``griddepcontrol``, sm_90+)."""
+        return self.cuda and self.capability >= (9, 0)
+
+    @property
+    def tma(self) -> bool:
+        """Whether tensor descriptors can move tiles: sm_90+, or the interpreter (which
+        emulates them)."""
+        return not self.cuda or self.capability >= (9, 0)
+
+
+_CUDA_TARGETS: dict[int, Target] = {}
+
+
+def _cuda_target(index: int) -> Target:
+    t = _CUDA_TARGETS.get(index)
+    if t is None:
+        props = torch.cuda.get_device_properties(index)
+        t = Target(True, (props.major, props.minor), props.multi_processor_count, props.name)
+        _CUDA_TARGETS[index] = t
+    return t
+
+
+# The GPUs the kernels were tuned on, for plans made without one (``replayssm-quant plan``).
+TARGETS: dict[str, Target] = {
+    "h200": Target(True, (9, 0), 132, "NVIDIA H200"),
+    "h100": Target(True, (9, 0), 132, "NVIDIA H100 SXM"),
+    "a100": Target(True, (8, 0), 108, "NVIDIA A100"),
+    "interpreter": Target(False),
+}
+
+
+def resolve_target(name: str) -> Target:
+    """A named target (``TARGETS``), ``sm_XY[:SMS]`` (e.g. ``sm_90:132``) or ``cuda``: this
+    machine's GPU."""
+    key = name.strip().lower()
+    if key in TARGETS:
+        return TARGETS[key]
+    if key == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("target 'cuda': no CUDA device on this machine")
+        return Target.of(torch.device("cuda"))
+    if key.startswith("sm_"):
+        cap, _, sms = key[3:].partition(":")
+        if cap.isdigit() and len(cap) >= 2 and (not sms or sms.isdigit()):
+            return Target(True, (int(cap[:-1]), int(cap[-1])), int(sms or 132), f"sm_{cap}")
+    raise ValueError(f"unknown target {name!r}: one of {', '.join(TARGETS)}, cuda (this "
+                     "machine's GPU) or sm_XY[:SMS] (e.g. sm_90:132)")
+
+
+@dataclass(frozen=True)
+class FlushPlan:
+    """The persistent flush launch of a ReplaySSM step: ``tiles`` tiles of ``rows`` state
+    rows walked by resident programs of ``warps`` warps (``per_sm`` each SM when set, else as
+    many as the compiled kernel leaves resident)."""
+
+    fold: str  # "dot" (the window as one product) or "records" (rank-1 updates)
+    rows: int
+    warps: int
+    precision: str  # input precision of the fold's products
+    stages: int | None  # software-pipelining stages; None: Triton's choice
+    tma: bool  # checkpoint tiles moved by the tensor memory accelerator
+    tiles: int
+    per_sm: int | None
+    maxnreg: int | None
+    pdl: bool  # launched as a programmatic dependent of the non-flush launch
+    advances_cursor: bool  # the flush launch also moves every row's cursor on
+    recompute_u: bool = False  # GDN: the window's u's recomputed from the checkpoint
+    ut: bool = False  # GDN: ... through the UT transform the ring-products launch builds
+
+    def programs(self, target: Target) -> str:
+        """The grid as far as it is known without compiling: exact with ``per_sm``."""
+        if not target.cuda:
+            return str(max(1, min(self.tiles, 4)))
+        if self.per_sm:
+            return str(max(1, min(self.tiles, self.per_sm * target.sms)))
+        return f"resident/SM x {target.sms}"
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Every launch of one decode step and the knobs it runs with (see the module doc)."""
+
+    kind: str  # "mamba2" or "gdn"
+    config: str
+    batch: int
+    heads: int  # (value) heads
+    dim: int  # state rows per head (Mamba-2 head_dim, GDN d_v)
+    d_state: int  # state columns (Mamba-2 d_state, GDN d_k)
+    groups: int  # Mamba-2 groups, GDN key heads
+    capacity: int  # ring capacity (0: conventional decoding)
+    target: Target
+    one_launch: bool  # flushing rows flush on the step's own tiles, no other launch
+    ticket: bool  # each row's last program advances its cursor (one-launch steps)
+    separate_advance: bool  # a launch of its own advances the cursors
+    rows: int  # state rows per step program
+    rows2: int  # second row pass of a whole-head program (0: none)
+    tiles: int  # step programs per head
+    tile_first: bool  # grid order (tiles, heads, rows) instead of (rows, heads, tiles)
+    grid: tuple[int, int, int]
+    warps: int
+    maxnreg: int | None
+    fused_prep: bool  # the step programs form the ring products themselves
+    prep_groups: int | None  # groups / key heads per ring-products program (its own launch)
+    prep_grid: tuple[int, ...] | None
+    step_pdl: bool  # the step launch is a programmatic dependent of the ring products
+    flush: FlushPlan | None
+    prep_pdl: bool = False  # the ring products release the step launch at once
+    decode: str = ""  # how an NVFP4 source is decoded ("e4m3", "words", "lut")
+    early_loads: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def conventional(self) -> bool:
+        return self.capacity == 0
+
+    def launches(self) -> list[dict[str, Any]]:
+        """One dict per launch, in launch order: name, kernel, grid, tile and knobs."""
+        pre = "_mamba2" if self.kind == "mamba2" else "_gdn"
+        out: list[dict[str, Any]] = []
+        tile = (f"{self.rows}+{self.rows2}" if self.rows2 else str(self.rows)) + f" x {self.d_state}"
+        common = {"warps": self.warps, "maxnreg": self.maxnreg}
+        if self.conventional:
+            out.append({"launch": "conventional step", "kernel": f"{pre}_conv_kernel",
+                        "grid": self.grid, "programs": _prod(self.grid), "tile": tile,
+                        **common, "knobs": {"tile_first": self.tile_first,
+                                            "advances_cursor": self.ticket}})
+        else:
+            if self.prep_grid is not None:
+                unit = "group(s)" if self.kind == "mamba2" else "key head(s)"
+                out.append({"launch": "ring products + flush list", "kernel": f"{pre}_prep_kernel",
+                            "grid": self.prep_grid, "programs": _prod(self.prep_grid),
+                            "tile": f"{self.prep_groups} {unit}", "warps": 4, "maxnreg": None,
+                            "knobs": {"ut_transform": bool(self.flush and self.flush.ut),
+                                      "pdl": self.prep_pdl}})
+            knobs: dict[str, Any] = {"tile_first": self.tile_first, "fused_prep": self.fused_prep,
+                                     "one_launch": self.one_launch, "pdl": self.step_pdl}
+            if self.decode:
+                knobs["nvfp4_decode"] = self.decode
+            if self.early_loads:
+                knobs["early_loads"] = True
+            if self.one_launch:
+                knobs["flush"] = "on the step's tiles, records one by one"
+            out.append({"launch": "non-flush step" + (" + flush" if self.one_launch else ""),
+                        "kernel": f"{pre}_nonflush_kernel", "grid": self.grid,
+                        "programs": _prod(self.grid), "tile": tile, **common, "knobs": knobs})
+            if self.flush is not None:
+                f = self.flush
+                fk: dict[str, Any] = {"tiles": f.tiles, "fold": f.fold, "precision": f.precision,
+                                      "stages": f.stages if f.stages is not None else "triton",
+                                      "tma": f.tma, "pdl": f.pdl,
+                                      "advances_cursor": f.advances_cursor}
+                if f.recompute_u:
+                    fk["u"] = "UT transform" if f.ut else "replayed from the checkpoint"
+                out.append({"launch": "flush (persistent)", "kernel": f"{pre}_flush_kernel",
+                            "grid": (f.programs(self.target),), "programs": f.programs(self.target),
+                            "tile": f"{f.rows} x {self.d_state}",
+                            "warps": f.warps, "maxnreg": f.maxnreg, "knobs": fk})
+        if self.separate_advance:
+            out.append({"launch": "cursor advance", "kernel": "_advance_kernel",
+                        "grid": (-(-self.batch // 256),), "programs": -(-self.batch // 256),
+                        "tile": "256 rows", "warps": 4, "maxnreg": None, "knobs": {}})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["target"] = asdict(self.target)
+        d["launches"] = self.launches()
+        return d
+
+
+def _prod(grid: tuple[int, ...]) -> int:
+    n = 1
+    for g in grid:
+        n *= g
+    return n
+
+
+def step_plan(shape, cfg, batch: int, target: Target | str | torch.device = "h200", *,
+              act_dtype: torch.dtype = torch.bfloat16, spec_tokens: int = 0,
+              **knobs: Any) -> StepPlan:
+    """The plan of one decode step of layer ``shape`` (a ``precision.ModelShape`` or its
+    name) under ``cfg`` (a ``PrecisionConfig`` or config string / preset) at ``batch`` rows
+    on ``target`` (a ``Target``, its name for ``resolve_target`` or a torch device), with the
+    decode step's
+    keyword knobs (``block_p`` / ``block_v``, ``flush_warps``, ``one_launch``, ...); ring
+    activations in ``act_dtype`` as vLLM stores them."""
+    from ..precision import parse_config, resolve_shape
+
+    if isinstance(shape, str):
+        shape = resolve_shape(shape)
+    if isinstance(cfg, str):
+        cfg = parse_config(cfg)
+    target = resolve_target(target) if isinstance(target, str) else Target.of(target)
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    capacity = cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+    if shape.kind == "mamba2":
+        from .mamba2 import mamba2_step_plan
+
+        return mamba2_step_plan(cfg, capacity, shape.heads, shape.head_dim, shape.d_state,
+                                shape.groups, batch, target, ring_dtype=act_dtype, **knobs)
+    from .gdn import gdn_step_plan
+
+    return gdn_step_plan(cfg, capacity, shape.heads, shape.groups, shape.head_dim, shape.d_state,
+                         batch, target, ring_dtype=act_dtype, **knobs)

@@ -1,0 +1,176 @@
+"""The launch plan of a decode step (``kernels.plan``): the decode steps launch exactly what
+their plan says, the plan's defaults on the H200 are the measured ones, bad knobs fail before
+any launch, and ``replayssm-quant plan`` prints it."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from replayssm_quant.cli.app import app
+from replayssm_quant.kernels import gdn as kg
+from replayssm_quant.kernels import mamba2 as km
+from replayssm_quant.kernels.plan import TARGETS, Target, resolve_target, step_plan
+from replayssm_quant.precision import PRESETS
+
+from .test_kernels_decode import SLOTS, _run, _small_L
+
+KERNELS = ("_mamba2_conv_kernel", "_mamba2_prep_kernel", "_mamba2_nonflush_kernel",
+           "_mamba2_flush_kernel", "_advance_kernel", "_gdn_conv_kernel", "_gdn_prep_kernel",
+           "_gdn_nonflush_kernel", "_gdn_flush_kernel")
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: logs (name, grid, constexpr kwargs) and launches it."""
+
+    def __init__(self, fn, name: str, log: list):
+        self.fn, self.name, self.log = fn, name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append((self.name, tuple(grid), kwargs))
+            return self.fn[grid](*args, **kwargs)
+        return launch
+
+    def __getattr__(self, attr):
+        return getattr(self.fn, attr)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    log: list = []
+    for mod in (km, kg):
+        for name in KERNELS:
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, _Recorder(getattr(mod, name), name, log))
+    return log
+
+
+def _plan(kind, cfg, **knobs):
+    """The plan of ``_run``'s layer (heads 4, groups / key heads 2, d 32, 16 rows)."""
+    cap = cfg.L if cfg.L > 1 else 0
+    cpu = Target.of(torch.device("cpu"))
+    if kind == "mamba2":
+        return km.mamba2_step_plan(cfg, cap, 4, 16, 32, 2, len(SLOTS), cpu, ring_dtype=torch.float32,
+                                   **{"block_p": 16, **knobs})
+    return kg.gdn_step_plan(cfg, cap, 4, 2, 16, 32, len(SLOTS), cpu, ring_dtype=torch.float32,
+                            block_v=16, **knobs)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name,knobs", [
+    ("fp32", {}),
+    ("fp32", {"one_launch": False}),
+    ("replay-fp32", {}),
+    ("replay-fp32", {"one_launch": False}),
+    ("nvfp4-read/fp16-sr", {"one_launch": False, "flush_warps": 2}),
+    ("shared-nvfp4", {"one_launch": False, "fuse_prep": False, "fuse_advance": False}),
+    ("fp8-read/fp32", {"one_launch": False, "flush_fold": "dot"}),
+])
+def test_decode_step_launches_its_plan(launches, kind, name, knobs):
+    """Every launch of a step (kernel, grid, rows, warps, and the flush's fold, products,
+    stages, TMA and cursor advance) is the plan's, in the plan's order."""
+    cfg = _small_L(PRESETS[name])
+    plan = _plan(kind, cfg, **knobs)
+    _run(kind, cfg, steps=1, **knobs)
+    assert [n for n, _, _ in launches] == [ln["kernel"] for ln in plan.launches()]
+    rows_key, frows_key = ("BP", "BPF") if kind == "mamba2" else ("BV", "BVF")
+    for name_, grid, kw in launches:
+        if name_.endswith(("_conv_kernel", "_nonflush_kernel")):
+            assert grid == plan.grid and kw[rows_key] == plan.rows
+            assert kw["num_warps"] == plan.warps and kw["TILE_FIRST"] == plan.tile_first
+            assert kw["ADVANCE"] == plan.ticket
+        if name_.endswith("_nonflush_kernel"):
+            assert kw["FUSED_PREP"] == plan.fused_prep and kw["ONE_LAUNCH"] == plan.one_launch
+            assert kw["PDL"] == plan.step_pdl and kw.get("BP2", 0) == plan.rows2
+        if name_.endswith("_prep_kernel"):
+            assert grid == plan.prep_grid and kw["PDL"] == plan.prep_pdl
+        if name_.endswith("_flush_kernel"):
+            f = plan.flush
+            assert kw[frows_key] == f.rows and kw["num_warps"] == f.warps
+            assert kw["RECORDS"] == (f.fold == "records") and kw["FOLD_PREC"] == f.precision
+            assert kw["STAGES"] == f.stages and kw["TMA"] == f.tma
+            assert kw["ADVANCE"] == f.advances_cursor and kw["PDL"] == f.pdl
+    assert plan.separate_advance == (launches[-1][0] == "_advance_kernel")
+
+
+def test_h200_defaults_are_the_measured_ones():
+    """The plans the H200 sweeps ran (reports/kernels): batch 256 takes three launches with
+    the FP32 flush on 16-row one-warp tiles through TMA (2 stages, bf16x3 products);
+    Nemotron-3-Nano's 80 rows as one 64 + 16 program per head; batch 1 is one launch."""
+    p = step_plan("nemotron-3-super", "replay-fp32", 256)
+    assert [ln["launch"] for ln in p.launches()] == [
+        "ring products + flush list", "non-flush step", "flush (persistent)"]
+    assert (p.rows, p.warps, p.tile_first) == (64, 1, True)
+    f = p.flush
+    assert (f.fold, f.rows, f.warps, f.precision, f.stages, f.tma) == ("dot", 16, 1, "bf16x3", 2, True)
+    assert f.tiles == 256 * 128 * 4 and not f.pdl
+    nano = step_plan("nemotron-3-nano-4b", "replay-fp32", 256)
+    assert (nano.rows, nano.rows2, nano.tiles) == (64, 16, 1)
+    q = step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 256)
+    assert (q.flush.fold, q.flush.rows, q.flush.warps, q.flush.recompute_u, q.flush.ut) == (
+        "records", 32, 8, True, False)
+    assert q.decode == "words" and step_plan("nemotron-3-super", "nvfp4-read/fp16-sr", 256).decode == "e4m3"
+    assert q.prep_groups == 2 and q.prep_grid == (256, 8, 1)
+    one = step_plan("qwen3.5-122b", "nvfp4-read/fp16-sr", 1)
+    assert one.one_launch and one.flush is None and one.rows == 8 and one.fused_prep
+    assert [ln["kernel"] for ln in one.launches()] == ["_gdn_nonflush_kernel"]
+    conv = step_plan("qwen3.5-4b", "fp32", 256)
+    assert [ln["kernel"] for ln in conv.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
+    assert step_plan("qwen3.5-4b", "fp32", 1).ticket  # the conventional step, one launch
+    # programmatic launch up to batch 128 on sm_90, never on an A100
+    assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
+    a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")
+    assert not a100.step_pdl and not a100.flush.tma and a100.flush.stages == 3
+
+
+def test_bad_knobs_fail_before_any_launch(launches):
+    """A knob the step refuses raises from the plan, so nothing is launched."""
+    cfg = _small_L(PRESETS["replay-fp32"])
+    for kind, knobs in (("mamba2", {"flush_fold": "both", "one_launch": False}),
+                        ("gdn", {"flush_precision": "fp64", "one_launch": False}),
+                        ("mamba2", {"one_launch": True, "flush_warps": 2}),
+                        ("gdn", {"prep_groups": 3, "one_launch": False}),
+                        ("mamba2", {"maxnreg": 8})):
+        with pytest.raises(ValueError):
+            _run(kind, cfg, steps=1, **knobs)
+    assert launches == []
+    with pytest.raises(ValueError, match="sm_90"):
+        step_plan("qwen3.5-4b", "replay-fp32", 8, "a100", pdl=True)
+    with pytest.raises(ValueError, match="batch"):
+        step_plan("qwen3.5-4b", "replay-fp32", 0)
+
+
+def test_targets_parse():
+    assert resolve_target("H200") is TARGETS["h200"]
+    t = resolve_target("sm_100:148")
+    assert t.capability == (10, 0) and t.sms == 148 and t.programmatic_launch and t.tma
+    assert not resolve_target("sm_80").programmatic_launch
+    assert not TARGETS["interpreter"].cuda and TARGETS["interpreter"].tma
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            resolve_target("cuda")
+    for bad in ("v100", "sm_x", "sm_90:many"):
+        with pytest.raises(ValueError, match="unknown target"):
+            resolve_target(bad)
+
+
+def test_plan_command():
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", "qwen3.5-4b", "-c", "replay-fp32", "-b", "256", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert len(rows) == 1 and rows[0]["batch"] == 256 and rows[0]["flush"]["tma"] is True
+    assert [ln["kernel"] for ln in rows[0]["launches"]][-1] == "_gdn_flush_kernel"
+    assert rows[0]["flush_bytes"] > rows[0]["nonflush_bytes"] > 0
+    r = runner.invoke(app, ["plan", "nemotron-3-nano", "-b", "256", "-k", "flush_warps=2",
+                            "-k", "flush_fold=records"])
+    assert r.exit_code == 0 and "fold=records" in r.output and "64+16 x 128" in r.output
+    for args, msg in ((["plan", "nope"], "unknown shape"),
+                      (["plan", "qwen3.5-4b", "-k", "whole_head=True"], "unknown knob 'whole_head'"),
+                      (["plan", "qwen3.5-4b", "-k", "warps"], "NAME=VALUE"),
+                      (["plan", "qwen3.5-4b", "--target", "tpu"], "unknown target"),
+                      (["plan", "qwen3.5-4b", "-c", "ckpt=fp99"], "")):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)
