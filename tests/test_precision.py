@@ -99,3 +99,17 @@ def test_cli_configs_json_and_table():
     assert r.exit_code == 0 and "ckpt=bf16:sr,read=fp8,L=8" in r.output
     r = CliRunner().invoke(app, ["configs", "--shape", "nope"])
     assert r.exit_code == 2 and "unknown shape" in r.output
+
+
+def test_command_list_joins_wrapped_docstrings():
+    """The root --help lists each command's first paragraph as one wrapped text: a
+    docstring's own line breaks would otherwise cut lines mid-sentence in the list."""
+    names = [info.name for info in app.registered_commands]
+    assert {"configs", "plan", "drift", "eval", "recommend", "report", "gate"} <= set(names)
+    for info in app.registered_commands:
+        for para in info.help.split("\n\n"):
+            assert "\n" not in para, info.name
+    r = CliRunner().invoke(app, ["--help"])
+    assert r.exit_code == 0
+    line = next(ln for ln in r.output.splitlines() if "(one layer, one" in ln)
+    assert "(one layer, one sequence)" in line

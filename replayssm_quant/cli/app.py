@@ -4,6 +4,7 @@ itself on ``app``; this file only assembles them."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import typer
 
@@ -35,6 +36,10 @@ def _load() -> None:
                 continue  # command not built into this install
             raise
         mod.register(app)
+    for info in app.registered_commands:  # help from docstrings, one line per paragraph: the
+        # rich command list would otherwise keep the docstring's line breaks
+        doc = info.help or inspect.getdoc(info.callback) or ""
+        info.help = "\n\n".join(" ".join(p.split("\n")) for p in doc.split("\n\n"))
 
 
 _load()
