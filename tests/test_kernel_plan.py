@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from replayssm_quant.cli.app import app
 from replayssm_quant.kernels import gdn as kg
 from replayssm_quant.kernels import mamba2 as km
-from replayssm_quant.kernels.plan import TARGETS, Target, resolve_target, step_plan
+from replayssm_quant.kernels.plan import TARGETS, Target, check_knob_names, resolve_target, step_plan
 from replayssm_quant.precision import PRESETS
 
 from .test_kernels_decode import SLOTS, _run, _small_L
@@ -136,6 +136,20 @@ def test_bad_knobs_fail_before_any_launch(launches):
         with pytest.raises(ValueError):
             _run(kind, cfg, steps=1, **knobs)
     assert launches == []
+    with pytest.raises(TypeError, match="flush_wraps"):  # a misspelt knob, Triton path
+        _run("gdn", cfg, steps=1, flush_wraps=2)
+
+
+def test_misspelt_knob_fails_on_the_reference_path(monkeypatch):
+    """Where a step runs the pure-torch reference (no GPU, no interpreter), a knob name the
+    plan does not take still fails instead of passing silently."""
+    monkeypatch.setattr(km, "runs_reference", lambda t: True)
+    monkeypatch.setattr(kg, "runs_reference", lambda t: True)
+    cfg = _small_L(PRESETS["replay-fp32"])
+    for kind in ("mamba2", "gdn"):
+        with pytest.raises(TypeError, match="unknown launch knob"):
+            _run(kind, cfg, steps=1, flush_wraps=2)
+    check_knob_names(kg.gdn_step_plan, {"flush_warps": 2, "block_v": 16})  # real knobs pass
     with pytest.raises(ValueError, match="sm_90"):
         step_plan("qwen3.5-4b", "replay-fp32", 8, "a100", pdl=True)
     with pytest.raises(ValueError, match="batch"):

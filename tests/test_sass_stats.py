@@ -232,3 +232,22 @@ def test_constexpr_overrides_parse_and_refuse():
                        ("=3", "NAME=VALUE"), ("FOLD_PREC=ieee", "Python literal")):
         with pytest.raises(ValueError, match=match):
             over([bad], names)
+
+
+def test_compile_check_flushes_are_the_default_plans():
+    """Each flush variant ``tools/compile_check.py`` compiles is the flush the H200 plan of
+    that preset launches at batch 256 (``kernels.plan``): the hand-written list cannot drift
+    from the library's defaults, and every preset's default flush is compiled."""
+    from replayssm_quant.kernels.plan import step_plan
+
+    spec = importlib.util.spec_from_file_location("compile_check", ROOT / "tools" / "compile_check.py")
+    cc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cc)
+    listed = {(t, p, rows, warps, o.get("fold", "dot"), o.get("precision", "ieee"), bool(o.get("tma")))
+              for t, p, rows, warps, o in cc.VARIANTS if t.endswith("-flush")}
+    for kind, shape in (("mamba2", "nemotron-3-super"), ("gdn", "qwen3.5-4b")):
+        for preset in ("replay-fp32", "nvfp4-read/fp16-sr", "nvfp4-read/fp8-sr", "nvfp4-read/fp32",
+                       "fp8-read/fp32", "shared-fp8", "shared-nvfp4"):
+            f = step_plan(shape, preset, 256).flush
+            key = (f"{kind}-flush", preset, f.rows, f.warps, f.fold, f.precision, f.tma)
+            assert key in listed, key

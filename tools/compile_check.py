@@ -58,6 +58,8 @@ VARIANTS: list[tuple[str, str, int, int, dict]] = [
     ("gdn-flush", "replay-fp32", 16, 1, {"fold": "dot", "precision": "bf16x3", "tma": True}),
     ("gdn-flush", "nvfp4-read/fp16-sr", 32, 8, {"fold": "records"}),
     ("gdn-flush", "nvfp4-read/fp32", 16, 1, {"fold": "records"}),
+    ("gdn-flush", "nvfp4-read/fp8-sr", 32, 8, {"fold": "records"}),
+    ("gdn-flush", "fp8-read/fp32", 16, 1, {"fold": "records"}),
     ("gdn-flush", "shared-fp8", 16, 1, {"fold": "dot", "precision": "bf16x3"}),
     ("gdn-flush", "shared-nvfp4", 8, 1, {"fold": "records"}),
     ("mamba2-verify-prep", "replay-fp32", 16, 4, {}),

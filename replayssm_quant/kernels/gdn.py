@@ -68,7 +68,7 @@ from .mamba2 import (
     verify_precision,
 )
 from .persistent import launch_persistent
-from .plan import FlushPlan, StepPlan, Target
+from .plan import FlushPlan, StepPlan, Target, check_knob_names
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -650,20 +650,11 @@ def _check(cache: ReplayCache, q, k, v, g, beta, slots):
     return HV, HK, V, K
 
 
-def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int | None = None,
-                    advance: bool = True, num_warps: int | None = None,
-                    flush_block_v: int | None = None,
-                    flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
-                    flush_stages: int | None = None, flush_fold: str | None = None,
-                    flush_precision: str | None = None, tile_first: bool | None = None,
-                    fuse_advance: bool = True, fuse_prep: bool | None = None,
-                    maxnreg: int | None = None, flush_maxnreg: int | None = None,
-                    one_launch: bool | None = None, pdl: bool | str | None = None,
-                    early_loads: bool = False, prep_groups: int | None = None,
-                    flush_tma: bool | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: bool = True,
+                    out: torch.Tensor | None = None, **knobs) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
-    log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. ReplaySSM configs
+    log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. The launch knobs
+    are keyword arguments, resolved and checked by ``gdn_step_plan``. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
     ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg``, ``one_launch``,
@@ -671,18 +662,14 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     ``flush_tma`` as for Mamba-2; the UT-transform flush, ``flush_fold="dot"`` with a read
     copy, needs its own launch and is never one launch)."""
     if runs_reference(q):
+        check_knob_names(gdn_step_plan, knobs)
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
     HV, HK, V, K = _check(cache, q, k, v, g, beta, slots)
     cfg = cache.cfg
-    plan = gdn_step_plan(
-        cfg, cache.capacity, HV, HK, V, K, q.shape[0], q.device, ring_dtype=cache.ring["k"].dtype,
-        ckpt_data=cache.ckpt.data, block_v=block_v, advance=advance, num_warps=num_warps,
-        flush_block_v=flush_block_v, flush_warps=flush_warps, flush_per_sm=flush_per_sm, lut=lut,
-        flush_stages=flush_stages, flush_fold=flush_fold, flush_precision=flush_precision,
-        tile_first=tile_first, fuse_advance=fuse_advance, fuse_prep=fuse_prep, maxnreg=maxnreg,
-        flush_maxnreg=flush_maxnreg, one_launch=one_launch, pdl=pdl, early_loads=early_loads,
-        prep_groups=prep_groups, flush_tma=flush_tma)
+    plan = gdn_step_plan(cfg, cache.capacity, HV, HK, V, K, q.shape[0], q.device,
+                         ring_dtype=cache.ring["k"].dtype, ckpt_data=cache.ckpt.data,
+                         advance=advance, **knobs)
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
     ck = _state_args(cache.ckpt, slots)
@@ -692,7 +679,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
                                     cache.cursor, Bsz, HV=HV, HK=HK, V=V, K=K,
                                     CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=plan.rows,
                                     TILE_FIRST=plan.tile_first, ADVANCE=plan.ticket,
-                                    num_warps=plan.warps, **register_cap(maxnreg))
+                                    num_warps=plan.warps, **register_cap(plan.maxnreg))
         if plan.separate_advance:
             advance_cursor(cache, slots)
         return o
@@ -716,15 +703,16 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
     src = rd if cache.read is not None else ck
     _gdn_nonflush_kernel[plan.grid](
         q, k, v, g, beta, slots, o, *src, *ring, cache.cursor, kd,
-        lut_table(lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
+        lut_table(plan.lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
         cache.seed, cache.layer, cache.ticket, HV=HV, HK=HK, V=V, K=K,
         L=cfg.L, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=plan.rows, LUT=lut,
+        SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=plan.rows,
+        LUT=plan.lut,
         TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep, ONE_LAUNCH=plan.one_launch,
         ADVANCE=plan.ticket, CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         PDL=plan.step_pdl, FLUSH_PDL=fl_pdl, EARLY=plan.early_loads,
         launch_pdl=plan.step_pdl,
-        num_warps=plan.warps, **register_cap(maxnreg))
+        num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
         launch_persistent(
             _gdn_flush_kernel, q.device, fl.tiles, fl.per_sm,
@@ -735,7 +723,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int
             RECORDS=fl.fold == "records", STAGES=fl.stages, FOLD_PREC=fl.precision,
             ADVANCE=fl.advances_cursor, PDL=fl.pdl, launch_pdl=fl.pdl, num_warps=fl.warps,
             ck_desc=state_descriptor(cache.ckpt, fl.rows, fl.tma) if fl.tma else ck[0],
-            TMA=fl.tma, **register_cap(flush_maxnreg))
+            TMA=fl.tma, **register_cap(fl.maxnreg))
     if plan.separate_advance:
         advance_cursor(cache, slots)
     return o
@@ -776,7 +764,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     base = dict(kind="gdn", config=str(cfg), batch=batch, heads=HV, dim=V, d_state=K, groups=HK,
                 capacity=capacity, target=target, one_launch=ol, ticket=ticket, rows=BV,
                 rows2=0, tiles=tiles, tile_first=bool(tf), grid=step_grid(batch, HV, tiles, tf),
-                warps=num_warps or kw, maxnreg=maxnreg)
+                warps=num_warps or kw, maxnreg=maxnreg, lut=bool(lut))
     if capacity == 0:
         return StepPlan(**base, separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)

@@ -45,7 +45,7 @@ from .common import (
     write_state,
 )
 from .persistent import launch_persistent
-from .plan import FlushPlan, StepPlan, Target
+from .plan import FlushPlan, StepPlan, Target, check_knob_names
 
 
 def _fmt(st) -> int:
@@ -600,23 +600,14 @@ def _block_p(P: int, N: int) -> int:
     return b
 
 
-def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
-                       advance: bool = True, num_warps: int | None = None,
-                       flush_block_p: int | None = None,
-                       flush_warps: int | None = None, flush_per_sm: int | None = None, lut: bool = False,
-                       flush_stages: int | None = None, flush_fold: str | None = None,
-                       flush_precision: str | None = None, tile_first: bool | None = None,
-                       fuse_advance: bool = True, fuse_prep: bool | None = None,
-                       maxnreg: int | None = None, flush_maxnreg: int | None = None,
-                       whole_head: bool | None = None, one_launch: bool | None = None,
-                       nvfp4_decode: str | None = None, pdl: bool | str | None = None,
-                       early_loads: bool = False, prep_groups: int | None = None,
-                       flush_tma: bool | None = None,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance: bool = True,
+                       out: torch.Tensor | None = None, **knobs) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).
 
     x (B, H, P), dt (B, H) fp32 post-softplus, A (H,), Bm/C (B, G, N), D (H,) or None,
     slots (B,) int32 cache slots (< 0: padding row, skipped). Returns y (B, H, P) fp32.
+    The launch knobs below are keyword arguments; ``mamba2_step_plan`` resolves and checks
+    them before any launch and returns what the step launches (``kernels.plan``).
     Conventional configs (L = 1, no spec capacity) run the conventional kernel. ReplaySSM
     configs run three launches: per-group ring products and the flush list, the non-flush
     rows (``block_p`` rows per program, ``num_warps``), and a persistent grid over the
@@ -633,7 +624,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
     ``nvfp4_decode`` picks how a non-flush step decodes an NVFP4 source (``NVFP4_DECODES``;
     default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead. ``pdl`` (default: on
-    GPUs that have it up to batch 64, ``resolve_pdl``) launches the non-flush and flush
+    GPUs that have it up to batch 128, ``resolve_pdl``) launches the non-flush and flush
     launches with programmatic dependent launch, so each starts while the launch before it
     still runs; ``"prep"`` / ``"flush"`` name one of the two edges. ``early_loads=True``
     issues the non-flush output's loads before the cursor arrives, reading every ring
@@ -646,20 +637,15 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     it applies, ``common.resolve_flush_tma``).
     """
     if runs_reference(x):
+        check_knob_names(mamba2_step_plan, knobs)
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
                               advance=advance, out=out)
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
     cfg = cache.cfg
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
-    plan = mamba2_step_plan(
-        cfg, cache.capacity, H, P, N, G, x.shape[0], x.device, ring_dtype=Br.dtype,
-        ckpt_data=cache.ckpt.data, block_p=block_p, advance=advance, num_warps=num_warps,
-        flush_block_p=flush_block_p, flush_warps=flush_warps, flush_per_sm=flush_per_sm, lut=lut,
-        flush_stages=flush_stages, flush_fold=flush_fold, flush_precision=flush_precision,
-        tile_first=tile_first, fuse_advance=fuse_advance, fuse_prep=fuse_prep, maxnreg=maxnreg,
-        flush_maxnreg=flush_maxnreg, whole_head=whole_head, one_launch=one_launch,
-        nvfp4_decode=nvfp4_decode, pdl=pdl, early_loads=early_loads, prep_groups=prep_groups,
-        flush_tma=flush_tma)
+    plan = mamba2_step_plan(cfg, cache.capacity, H, P, N, G, x.shape[0], x.device,
+                            ring_dtype=Br.dtype, ckpt_data=cache.ckpt.data, advance=advance,
+                            **knobs)
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     d = D if D is not None else A
@@ -670,7 +656,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
             cache.seed, cache.layer, cache.ticket, cache.cursor, Bsz, H=H, P=P, N=N, G=G,
             CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, HAS_D=D is not None, BP=plan.rows,
             TILE_FIRST=plan.tile_first, ADVANCE=plan.ticket, num_warps=plan.warps,
-            **register_cap(maxnreg))
+            **register_cap(plan.maxnreg))
         if plan.separate_advance:
             advance_cursor(cache, slots)
         return y
@@ -688,16 +674,16 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
     src = rd if cache.read is not None else ck
     _mamba2_nonflush_kernel[plan.grid](
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
-        slot_stride(Br), cache.cursor, bc, lut_table(lut, y), cache.flush_index, work, Bsz,
+        slot_stride(Br), cache.cursor, bc, lut_table(plan.lut, y), cache.flush_index, work, Bsz,
         *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket,
         H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
-        BP=plan.rows, LUT=lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
+        BP=plan.rows, LUT=plan.lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
         BP2=plan.rows2, ONE_LAUNCH=plan.one_launch, ADVANCE=plan.ticket,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         E4M3=plan.decode == "e4m3", PDL=plan.step_pdl, FLUSH_PDL=fl_pdl,
         EARLY=plan.early_loads, launch_pdl=plan.step_pdl,
-        num_warps=plan.warps, **register_cap(maxnreg))
+        num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
         launch_persistent(
             _mamba2_flush_kernel, x.device, fl.tiles, fl.per_sm,
@@ -710,7 +696,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p
             FOLD_PREC=fl.precision, ADVANCE=fl.advances_cursor, PDL=fl.pdl, launch_pdl=fl.pdl,
             num_warps=fl.warps,
             ck_desc=state_descriptor(cache.ckpt, fl.rows, fl.tma) if fl.tma else ck[0],
-            TMA=fl.tma, **register_cap(flush_maxnreg))
+            TMA=fl.tma, **register_cap(fl.maxnreg))
     if plan.separate_advance:
         advance_cursor(cache, slots)
     return y
@@ -762,7 +748,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                 groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
                 rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
                 grid=step_grid(batch, H, tiles, tile_first), warps=num_warps or kw,
-                maxnreg=maxnreg, decode=decode, early_loads=bool(early_loads))
+                maxnreg=maxnreg, decode=decode, early_loads=bool(early_loads), lut=bool(lut))
     if capacity == 0:
         return StepPlan(**{**base, "decode": "", "early_loads": False},
                         separate_advance=advance and not ticket, fused_prep=False,

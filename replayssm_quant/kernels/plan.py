@@ -11,7 +11,8 @@ before any launch: a bad one fails with the reason and nothing runs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import inspect
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -149,7 +150,7 @@ class StepPlan:
     prep_pdl: bool = False  # the ring products release the step launch at once
     decode: str = ""  # how an NVFP4 source is decoded ("e4m3", "words", "lut")
     early_loads: bool = False
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    lut: bool = False  # an NVFP4 source decoded through a 16-entry table
 
     @property
     def conventional(self) -> bool:
@@ -208,6 +209,15 @@ class StepPlan:
         d["target"] = asdict(self.target)
         d["launches"] = self.launches()
         return d
+
+
+def check_knob_names(plan_fn, knobs: dict[str, Any]) -> None:
+    """Refuse knob names ``plan_fn`` does not take, also where a step runs the reference and
+    never resolves a plan (a misspelt knob must not pass silently on a CPU)."""
+    unknown = sorted(set(knobs) - set(inspect.signature(plan_fn).parameters))
+    if unknown:
+        raise TypeError(f"unknown launch knob(s) {', '.join(unknown)} "
+                        f"(the keyword arguments of {plan_fn.__name__})")
 
 
 def _prod(grid: tuple[int, ...]) -> int:
