@@ -37,6 +37,7 @@ from replayssm_quant import formats as F  # noqa: E402
 from replayssm_quant.kernels.cache import alloc_gdn_cache, alloc_mamba2_cache  # noqa: E402
 from replayssm_quant.kernels.gdn import gdn_decode_step  # noqa: E402
 from replayssm_quant.kernels.mamba2 import mamba2_decode_step  # noqa: E402
+from replayssm_quant.kernels.plan import step_plan  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES, ModelShape, step_bytes  # noqa: E402
 
 
@@ -384,6 +385,7 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
             base = m["window_us"]
         row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
         row["byte_bound_vs_conv_fp32"] = byte_bound(shape, cfg)
+        row["plan"] = step_plan(shape, cfg, batch, "cuda").summary()  # what was timed
         rows.append(row)
         print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
               f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "

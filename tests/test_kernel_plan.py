@@ -156,6 +156,19 @@ def test_misspelt_knob_fails_on_the_reference_path(monkeypatch):
         step_plan("qwen3.5-4b", "replay-fp32", 0)
 
 
+def test_plan_summary_names_every_launch():
+    """``StepPlan.summary`` (a column of benchmarks/decode.py's rows): one field per launch
+    with its programs, tile, warps and the flush's fold, products, stages, TMA and PDL."""
+    assert step_plan("nemotron-3-super", "replay-fp32", 256).summary() == (
+        "prep 2048 | nonflush 32768x(64x128) w1 | flush (16x128) w1 dot bf16x3 s2 tma")
+    assert step_plan("qwen3.5-4b", "replay-fp32", 64).summary() == (
+        "prep 1024 | nonflush 8192x(32x128) w1 pdl | flush (16x128) w1 dot bf16x3 s2 tma pdl")
+    assert step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 256).summary().startswith(
+        "prep 2048 | nonflush 24576x(64+16x128) w1 | flush (4x128) w1 records ieee s-")
+    assert step_plan("qwen3.5-4b", "fp32", 256).summary() == "conv 65536x(16x128) w1 | advance 1"
+    assert step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 1).summary() == "nonflush+flush 512x(8x128) w1"
+
+
 def test_targets_parse():
     assert resolve_target("H200") is TARGETS["h200"]
     t = resolve_target("sm_100:148")

@@ -204,6 +204,27 @@ class StepPlan:
                         "tile": "256 rows", "warps": 4, "maxnreg": None, "knobs": {}})
         return out
 
+    def summary(self) -> str:
+        """The launches on one line, for benchmark tables: ``name programs tile warps`` per
+        launch and the flush's fold / products / stages / TMA, e.g. ``prep 2048 | nonflush
+        32768x(64x128) w1 | flush (16x128) w1 dot bf16x3 s2 tma``."""
+        parts = []
+        for ln in self.launches():
+            name = {"ring products + flush list": "prep", "non-flush step": "nonflush",
+                    "non-flush step + flush": "nonflush+flush", "flush (persistent)": "flush",
+                    "conventional step": "conv", "cursor advance": "advance"}[ln["launch"]]
+            if name in ("prep", "advance"):
+                parts.append(f"{name} {ln['programs']}")
+            elif name == "flush":
+                k = ln["knobs"]
+                parts.append(f"flush ({ln['tile'].replace(' ', '')}) w{ln['warps']} {k['fold']} "
+                             f"{k['precision']} s{k['stages'] if k['stages'] != 'triton' else '-'}"
+                             + (" tma" if k["tma"] else "") + (" pdl" if k["pdl"] else ""))
+            else:
+                parts.append(f"{name} {ln['programs']}x({ln['tile'].replace(' ', '')}) w{ln['warps']}"
+                             + (" pdl" if ln["knobs"].get("pdl") else ""))
+        return " | ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["target"] = asdict(self.target)
