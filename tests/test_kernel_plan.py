@@ -14,7 +14,7 @@ from replayssm_quant.kernels import mamba2 as km
 from replayssm_quant.kernels.plan import TARGETS, Target, check_knob_names, resolve_target, step_plan
 from replayssm_quant.precision import PRESETS
 
-from .test_kernels_decode import SLOTS, _run, _small_L
+from .test_kernels_decode import SLOTS, _clone, _run, _small_L
 
 KERNELS = ("_mamba2_conv_kernel", "_mamba2_prep_kernel", "_mamba2_nonflush_kernel",
            "_mamba2_flush_kernel", "_advance_kernel", "_gdn_conv_kernel", "_gdn_prep_kernel",
@@ -201,3 +201,33 @@ def test_plan_command():
                       (["plan", "qwen3.5-4b", "-c", "ckpt=fp99"], "")):
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["fp32", "bf16-sr"])
+def test_conventional_cache_without_a_ring(kind, name):
+    """A conventional cache may hold no ring at all (the vLLM plugin's pages): the step plans
+    and runs without one and matches the reference."""
+    from replayssm_quant.kernels.cache import cache_from_reference
+    from replayssm_quant.ssm import gdn, mamba2
+    from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
+
+    cfg = PRESETS[name]
+    g = torch.Generator().manual_seed(5)
+    if kind == "mamba2":
+        ref = mamba2.init_mamba2_state(cfg, 5, 4, 16, 32, 2, seed=11, layer=3)
+        a = {k: (v[:, 0].contiguous() if v is not None and v.dim() > 1 else v)
+             for k, v in mamba2_inputs(len(SLOTS), 1, 4, 16, 32, 2, generator=g).items()}
+        cache = cache_from_reference(_clone(ref))
+        cache.ring.clear()
+        y = km.mamba2_decode_step(cache, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
+        y_ref = mamba2.decode_step(ref, a["x"], a["dt"], a["A"], a["Bm"], a["C"], a["D"], SLOTS)
+    else:
+        ref = gdn.init_gdn_state(cfg, 5, 4, 16, 32, 2, seed=11, layer=3)
+        a = {k: v[:, 0].contiguous() for k, v in gdn_inputs(len(SLOTS), 1, 4, 16, 32, 2, generator=g).items()}
+        cache = cache_from_reference(_clone(ref))
+        cache.ring.clear()
+        y = kg.gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+        y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
+    valid = SLOTS >= 0
+    assert torch.allclose(y[valid], y_ref[valid], rtol=1e-5, atol=1e-6)

@@ -668,8 +668,9 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     HV, HK, V, K = _check(cache, q, k, v, g, beta, slots)
     cfg = cache.cfg
     plan = gdn_step_plan(cfg, cache.capacity, HV, HK, V, K, q.shape[0], q.device,
-                         ring_dtype=cache.ring["k"].dtype, ckpt_data=cache.ckpt.data,
-                         advance=advance, **knobs)
+                         # a conventional cache may hold no ring (the vLLM plugin's pages)
+                         ring_dtype=cache.ring["k"].dtype if "k" in cache.ring else k.dtype,
+                         ckpt_data=cache.ckpt.data, advance=advance, **knobs)
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
     ck = _state_args(cache.ckpt, slots)

@@ -642,9 +642,10 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
                               advance=advance, out=out)
     H, P, N, G = _check_inputs(cache, x, dt, A, Bm, C, slots)
     cfg = cache.cfg
-    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
+    # a conventional cache may hold no ring (the vLLM plugin's pages)
+    ring_dtype = cache.ring["B"].dtype if "B" in cache.ring else Bm.dtype
     plan = mamba2_step_plan(cfg, cache.capacity, H, P, N, G, x.shape[0], x.device,
-                            ring_dtype=Br.dtype, ckpt_data=cache.ckpt.data, advance=advance,
+                            ring_dtype=ring_dtype, ckpt_data=cache.ckpt.data, advance=advance,
                             **knobs)
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
@@ -660,6 +661,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
         if plan.separate_advance:
             advance_cursor(cache, slots)
         return y
+    xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     rd = _state_args(cache.read, slots)
     LB = max(16, triton.next_power_of_2(cache.capacity))
     bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
