@@ -6,7 +6,8 @@ verdict per (target, shape, batch), with the numbers behind it, so a report stat
 targets hold and by how much the others miss instead of leaving that to a reader:
 
     python benchmarks/decode_targets.py reports/kernels/decode_r130.json \\
-        reports/kernels/decode_r121.json --out reports/kernels/targets.md --json targets.json
+        reports/kernels/decode_r121.json --out reports/kernels/targets.md --json targets.json \\
+        --plot reports/kernels/targets.png
 
 `decode.py` appends the same table to every ``decode.md`` it writes. A target only judges the
 batch sizes it names (``batch_min`` / ``batch_max``); a sweep without those rows gives no
@@ -211,6 +212,55 @@ def markdown(verdicts: list[Verdict], targets: Iterable[Target] = TARGETS) -> st
     return "\n".join(lines)
 
 
+def score(v: Verdict) -> float:
+    """How far a check is from its bound as one number, >= 1 when met: value / bound for a
+    lower bound (">="), bound / value for an upper one ("<=")."""
+    if v.value != v.value or v.value <= 0:
+        return float("nan")
+    return v.value / v.bound if v.op == ">=" else v.bound / v.value
+
+
+def plot(verdicts: list[Verdict], path: Path, title: str = "") -> None:
+    """One row per target, one dot per (shape, batch) at its ``score`` on a log axis, the
+    line at 1 separating met (right) from missed (left): where every check stands, and how
+    far the missed ones are, in one picture."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(v.target for v in verdicts))
+    shapes = sorted({v.shape for v in verdicts})
+    batches = sorted({v.batch for v in verdicts})
+    markers = dict(zip(shapes, "osD^v<>p", strict=False))
+    colors = dict(zip(batches, plt.get_cmap("viridis")([0.15, 0.5, 0.85, 0.3, 0.7][:len(batches)]),
+                      strict=False))
+    fig, ax = plt.subplots(figsize=(11, 0.55 * len(names) + 1.8))
+    offs = {s: (i - (len(shapes) - 1) / 2) * 0.12 for i, s in enumerate(shapes)}
+    for v in verdicts:
+        x = score(v)
+        if x == x:
+            ax.scatter(x, names.index(v.target) + offs[v.shape], marker=markers[v.shape],
+                       color=colors[v.batch], edgecolor="black" if v.met else "none", s=36, zorder=3)
+    ax.axvline(1.0, color="crimson", lw=1.2, zorder=2)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("value / bound (>= 1: met; log scale)")
+    met = sum(v.met for v in verdicts)
+    ax.set_title(title or f"Decode kernel targets: {met} of {len(verdicts)} checks met")
+    ax.grid(axis="x", which="both", alpha=0.3)
+    handles = [plt.Line2D([], [], ls="", marker=markers[s], color="gray", label=s) for s in shapes]
+    handles += [plt.Line2D([], [], ls="", marker="o", color=colors[b], label=f"batch {b}")
+                for b in batches]
+    handles.append(plt.Line2D([], [], ls="", marker="o", color="white", markeredgecolor="black",
+                              label="black edge: met"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def load_rows(paths: Iterable[Path]) -> list[dict]:
     """The rows of ``decode.json`` files; a later file's (shape, batch, config) replaces an
     earlier one's."""
@@ -232,6 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("results", nargs="+", type=Path, help="decode.json files of benchmarks/decode.py")
     ap.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
     ap.add_argument("--json", type=Path, default=None, help="write the verdicts as JSON here")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="draw every check's value / bound here (PNG; >= 1: met)")
     args = ap.parse_args(argv)
     verdicts = evaluate(load_rows(args.results))
     md = markdown(verdicts)
@@ -239,6 +291,8 @@ def main(argv=None) -> int:
         args.out.write_text(md + "\n")
     if args.json:
         args.json.write_text(json.dumps([v.as_dict() for v in verdicts], indent=1))
+    if args.plot:
+        plot(verdicts, args.plot)
     print(md)
     return 0
 

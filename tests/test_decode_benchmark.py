@@ -4,6 +4,7 @@ conventional FP32 step to the config (ring included), '-' where it does not appl
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -396,3 +397,20 @@ def test_launch_probe_leaves_each_launch_out(monkeypatch):
         mod.probe("tiny-m2", "replay-fp32", batch=4, reps=1, device="cpu")
     with pytest.raises(ValueError, match="builds the flush list"), mod.leave_out("mamba2", True, False):
         pass
+
+
+def test_targets_plot_scores_and_draws(tmp_path):
+    """``--plot``: each check at value / bound (>= 1 when met, the bound's side flipped for
+    upper bounds), drawn as a PNG; a missing value is left out, not drawn at 0."""
+    mod = _targets_module()
+    lo = mod.Verdict("t", "s", 256, 1.5, 1.75, ">=", False, "")
+    up = mod.Verdict("v", "s", 256, 0.8, 1.0, "<=", True, "")
+    assert abs(mod.score(lo) - 1.5 / 1.75) < 1e-12 and abs(mod.score(up) - 1.25) < 1e-12
+    assert mod.score(mod.Verdict("t", "s", 1, float("nan"), 1.0, ">=", False, "")) != \
+        mod.score(mod.Verdict("t", "s", 1, float("nan"), 1.0, ">=", False, ""))
+    sweep = tmp_path / "decode.json"
+    sweep.write_text(json.dumps(dict(meta={}, rows=_sweep_rows() + _sweep_rows(
+        shape="qwen3.5-122b-a10b", batch=512, replay_us=250.0))))
+    out = tmp_path / "targets.png"
+    assert mod.main([str(sweep), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
