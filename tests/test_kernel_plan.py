@@ -105,7 +105,7 @@ def test_h200_defaults_are_the_measured_ones():
     assert (p.rows, p.warps, p.tile_first) == (64, 1, True)
     f = p.flush
     assert (f.fold, f.rows, f.warps, f.precision, f.stages, f.tma) == ("dot", 16, 1, "bf16x3", 2, True)
-    assert f.tiles == 256 * 128 * 4 and not f.pdl
+    assert f.tiles == 256 * 128 * 4 and f.pdl and p.step_pdl and p.prep_pdl
     nano = step_plan("nemotron-3-nano-4b", "replay-fp32", 256)
     assert (nano.rows, nano.rows2, nano.tiles) == (64, 16, 1)
     q = step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 256)
@@ -119,7 +119,7 @@ def test_h200_defaults_are_the_measured_ones():
     conv = step_plan("qwen3.5-4b", "fp32", 256)
     assert [ln["kernel"] for ln in conv.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
     assert step_plan("qwen3.5-4b", "fp32", 1).ticket  # the conventional step, one launch
-    # programmatic launch up to batch 128 on sm_90, never on an A100
+    # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
     a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")
     assert not a100.step_pdl and not a100.flush.tma and a100.flush.stages == 3
@@ -160,11 +160,13 @@ def test_plan_summary_names_every_launch():
     """``StepPlan.summary`` (a column of benchmarks/decode.py's rows): one field per launch
     with its programs, tile, warps and the flush's fold, products, stages, TMA and PDL."""
     assert step_plan("nemotron-3-super", "replay-fp32", 256).summary() == (
+        "prep 2048 | nonflush 32768x(64x128) w1 pdl | flush (16x128) w1 dot bf16x3 s2 tma pdl")
+    assert step_plan("nemotron-3-super", "replay-fp32", 256, pdl=False).summary() == (
         "prep 2048 | nonflush 32768x(64x128) w1 | flush (16x128) w1 dot bf16x3 s2 tma")
     assert step_plan("qwen3.5-4b", "replay-fp32", 64).summary() == (
         "prep 1024 | nonflush 8192x(32x128) w1 pdl | flush (16x128) w1 dot bf16x3 s2 tma pdl")
     assert step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 256).summary().startswith(
-        "prep 2048 | nonflush 24576x(64+16x128) w1 | flush (4x128) w1 records ieee s-")
+        "prep 2048 | nonflush 24576x(64+16x128) w1 pdl | flush (4x128) w1 records ieee s-")
     assert step_plan("qwen3.5-4b", "fp32", 256).summary() == "conv 65536x(16x128) w1 | advance 1"
     assert step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 1).summary() == "nonflush+flush 512x(8x128) w1"
 

@@ -287,22 +287,18 @@ def test_early_loads_match_reference(kind, one_launch):
 
 
 def test_programmatic_launch_choice():
-    """``pdl`` defaults to what the device has (none off CUDA) up to the measured batch;
-    asked for on the interpreter's CPU tensors it builds the same kernels, whose waits are
+    """``pdl`` defaults to what the device has (none off CUDA, none before sm_90) at every
+    batch; asked for on the interpreter's CPU tensors it builds the same kernels, whose waits are
     no-ops there; a string names one launch edge, anything else is refused."""
-    from replayssm_quant.kernels.mamba2 import (
-        PDL_MAX_BATCH,
-        pdl_default,
-        pdl_edges_of,
-        resolve_pdl,
-    )
+    from replayssm_quant.kernels.mamba2 import pdl_edges_of, resolve_pdl
+    from replayssm_quant.kernels.plan import TARGETS
 
     cpu = torch.device("cpu")
-    assert resolve_pdl(None, cpu, 8) is False
+    assert resolve_pdl(None, cpu) is False
+    assert resolve_pdl(None, TARGETS["h200"]) is True and resolve_pdl(None, TARGETS["a100"]) is False
     assert resolve_pdl(True, cpu) is True and resolve_pdl(False, cpu) is False
     assert resolve_pdl("prep", cpu) is True and pdl_edges_of("prep") == ("prep",)
     assert pdl_edges_of(None) == pdl_edges_of(True) == ("prep", "flush")
-    assert pdl_default(PDL_MAX_BATCH) and not pdl_default(PDL_MAX_BATCH + 1)
     with pytest.raises(ValueError, match="pdl"):
         resolve_pdl("both", cpu)
 

@@ -307,7 +307,6 @@ def _gdn_nonflush_kernel(
     kernel: the output's loads are issued before the cursor arrives."""
     RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
-    release_dependents(FLUSH_PDL)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (vt == 0):
             flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
@@ -326,6 +325,7 @@ def _gdn_nonflush_kernel(
                 _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot, c,
                               HK, K, CAP, LB, True)
         if c != L - 1:
+            release_dependents(FLUSH_PDL)  # programs of flushing rows end without it
             hk = h // RATIO
             vv = vt * BV + tl.arange(0, BV)
             mv = vv < V
@@ -757,7 +757,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                    flush_precision, flush_maxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(pdl, target, batch), pdl_edges_of(pdl)
+    use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
     kb, kw = gdn_step_knobs(cfg, V)
     BV = block_v or small_grid_rows(cfg, kb, V, HV, batch, ol)
     tf = gdn_tile_first(capacity, reads_narrow_copy(cfg)) if tile_first is None else tile_first

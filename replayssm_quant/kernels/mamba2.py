@@ -347,27 +347,28 @@ def _mamba2_nonflush_kernel(
     PDL: tl.constexpr = False, FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
-    dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at
-    once: the flush kernel serves them. With PDL the launch may start while the
-    ring-products launch still runs (programmatic dependent launch): every program waits for
-    it (``wait_prior_grid``) only before it reads the products, after its state product, and
-    before it ends, so the flush launch, which waits for this one, sees the products too.
-    With FLUSH_PDL each program lets the flush launch start as soon as every program of this
-    one has started (``release_dependents``). With EARLY every load of the non-flush output
-    (state tile, ring records, inputs) is issued before the cursor is known, the stale ring
-    records selected away afterwards (``ring_records``): at batch 1 the cursor load is then
-    no longer a memory round trip in front of the others. With FUSED_PREP the program forms its group's
-    ``B_j . C`` itself and the first program builds the flush list, so the ring-products
-    launch is skipped (small batches, where every launch costs microseconds). With BP2 > 0 a
-    program covers its whole head in two passes, rows ``[0, BP)`` then ``[BP, BP + BP2)``
-    (``whole_head_rows``): a head dim that is no power of two then computes no padding rows
-    and spends the per-program work once per head. With ONE_LAUNCH (implies FUSED_PREP) the
+    dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at once:
+    the flush kernel serves them. With PDL the launch may start while the ring-products launch
+    still runs (programmatic dependent launch): every program waits for it (``wait_prior_grid``)
+    only before it reads the products, after its state product, and before it ends, so the flush
+    launch, which waits for this one, sees the products too. With FLUSH_PDL each program of a
+    non-flushing row lets the flush launch start once its cursor is known
+    (``release_dependents``); a flushing row's programs end without it (an ended program counts
+    as released), since a release in each of a flush step's tens of thousands of exiting
+    programs held the flush back ~20 us (``resolve_pdl``). With EARLY every load of the
+    non-flush output (state tile, ring records, inputs) is issued before the cursor is known,
+    the stale ring records selected away afterwards (``ring_records``): at batch 1 the cursor
+    load is then no longer a memory round trip in front of the others. With FUSED_PREP the
+    program forms its group's ``B_j . C`` itself and the first program builds the flush list, so
+    the ring-products launch is skipped (small batches, where every launch costs microseconds).
+    With BP2 > 0 a program covers its whole head in two passes, rows ``[0, BP)`` then ``[BP, BP
+    + BP2)`` (``whole_head_rows``): a head dim that is no power of two then computes no padding
+    rows and spends the per-program work once per head. With ONE_LAUNCH (implies FUSED_PREP) the
     programs of a flushing row flush their own rows instead (``_mamba2_flush_rows``, records
     folded one by one: a tile may be narrower than a tensor-core product) and, with ADVANCE,
     each row's last program to finish advances its cursor (``finish_row``): the step is this
     launch alone."""
     b, h, pt = row_head_tile(TILE_FIRST)
-    release_dependents(FLUSH_PDL)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (pt == 0):
             flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L, 256)
@@ -384,6 +385,7 @@ def _mamba2_nonflush_kernel(
                 xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G, CAP,
                 LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, CAP)
         if c != L - 1:
+            release_dependents(FLUSH_PDL)  # programs of flushing rows end without it
             if not EARLY:
                 y, x, y2, x2 = _nonflush_outputs(
                     b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
@@ -624,7 +626,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
     ``nvfp4_decode`` picks how a non-flush step decodes an NVFP4 source (``NVFP4_DECODES``;
     default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead. ``pdl`` (default: on
-    GPUs that have it up to batch 128, ``resolve_pdl``) launches the non-flush and flush
+    GPUs that have it, ``resolve_pdl``) launches the non-flush and flush
     launches with programmatic dependent launch, so each starts while the launch before it
     still runs; ``"prep"`` / ``"flush"`` name one of the two edges. ``early_loads=True``
     issues the non-flush output's loads before the cursor arrives, reading every ring
@@ -734,7 +736,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                    flush_precision, flush_maxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(pdl, target, batch), pdl_edges_of(pdl)
+    use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
     kb, kw = mamba2_step_knobs(cfg, P, N)
     BP = block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
     BP2 = 0
@@ -792,41 +794,36 @@ def pdl_edges_of(pdl: bool | str | None) -> tuple[str, ...]:
     return PDL_EDGES
 
 
-PDL_MAX_BATCH = 128
-
-
-def pdl_default(batch: int) -> bool:
-    """Whether a ReplaySSM step overlaps its launches by default (where the GPU can): up to
-    batch 128, where a step's launches are short enough for the launch gaps and the
-    ring-products launch to show. Measured on the H200 (reports/kernels/tune_r110_pdl_*.log,
-    tune_r112_pdl_b*.log), window without -> with:
-
-    * batch 16: replay-fp32 on Nemotron-3-Super 32.6 -> 29.2 us, Qwen3.5-4B 18.4 -> 15.7 us
-      (the conventional FP32 step takes 16.0 us there); nvfp4-read/fp16-sr 17.8 -> 16.2 and
-      14.5 -> 12.2 us;
-    * batch 64: replay-fp32 85.6 -> 84.4 and 54.1 -> 50.4 us; nvfp4-read/fp16-sr 46.4 -> 45.0
-      and 38.4 -> 35.8 us;
-    * batch 128: replay-fp32 158.0 -> 157.2 and 93.8 -> 91.5 us; nvfp4-read/fp16-sr 85.6 ->
-      83.6 and 69.3 -> 66.9 us;
-    * batch 256: the non-flush steps gained 1-3 us while the flush steps lost 17-39 us with
-      the flush edge (the persistent flush grid placed while the non-flush launch still
-      runs), and nothing moved beyond run-to-run spread with the products edge alone, so
-      batch 256 keeps plain launches.
-
-    Batch <= 4 is one launch (``one_launch_default``), with no edge to overlap."""
-    return batch <= PDL_MAX_BATCH
-
-
-def resolve_pdl(pdl: bool | str | None, device: torch.device | Target, batch: int = 0) -> bool:
+def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
     """Whether a ReplaySSM step's launches after its first overlap the launch before them
     (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
-    (None) where the GPU has it (sm_90+) and ``pdl_default(batch)`` holds; asking for it is
-    refused on an older GPU, whose compiler has no ``griddepcontrol``. Under the interpreter
-    (CPU tensors) it runs the same kernels, whose waits are no-ops there."""
+    (None) wherever the GPU has it (sm_90+); asking for it is refused on an older GPU, whose
+    compiler has no ``griddepcontrol``. Under the interpreter (CPU tensors) it runs the same
+    kernels, whose waits are no-ops there. Batch <= 4 is one launch (``one_launch_default``),
+    with no edge to overlap.
+
+    Measured on the H200, replay-fp32 window without -> with:
+
+    * batch 16: Nemotron-3-Super 32.6 -> 29.2 us, Qwen3.5-4B 18.4 -> 15.7 us (the
+      conventional FP32 step takes 16.0 us there); nvfp4-read/fp16-sr 17.8 -> 16.2 and
+      14.5 -> 12.2 us (reports/kernels/tune_r110_pdl_*.log);
+    * batch 64 and 128: 1-7% faster (tune_r112_pdl_b*.log);
+    * batch 256 (tune_r173_pdl_trigger_b256.log, two runs each): Nemotron-3-Nano-4B 288.6 /
+      287.5 -> 283.5 / 283.4 us, Super 299.0 / 299.4 -> 297.9 / 298.5, Qwen3.5-4B 169.8 /
+      169.3 -> 166.4 / 166.0, Qwen3.5-122B 318.4 / 319.2 -> 315.6 / 318.2; nvfp4-read/fp16-sr
+      1.8-3.7 us faster on every shape;
+    * batch 512 (tune_r173_pdl_trigger_b512.log): Nano-4B 563.7 -> 558.2 us, Qwen3.5-4B 324.0
+      -> 321.3, Super and 122B within 0.6 us.
+
+    Batch 256 and 512 kept plain launches until the non-flush programs of flushing rows
+    stopped releasing the flush launch (``release_dependents`` only in non-flushing rows'
+    programs): with a release in each of a flush step's tens of thousands of exiting
+    programs the flush step took ~21 us longer (tune_r172_pdl_flush_b256.log: Super 623.5 ->
+    644.6 us, Qwen3.5-4B 349.5 -> 370.4; after the change 619.1 -> 620.2 and 347.7 -> 349.5)."""
     pdl_edges_of(pdl)
     target = Target.of(device)
     if pdl is None:
-        return target.programmatic_launch and pdl_default(batch)
+        return target.programmatic_launch
     if pdl and target.cuda and not target.programmatic_launch:
         raise ValueError("pdl needs an sm_90 or newer GPU (programmatic dependent launch)")
     return bool(pdl)
