@@ -233,3 +233,30 @@ def test_conventional_cache_without_a_ring(kind, name):
         y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
     valid = SLOTS >= 0
     assert torch.allclose(y[valid], y_ref[valid], rtol=1e-5, atol=1e-6)
+
+
+def test_log_plans_once_per_distinct_step(monkeypatch, caplog):
+    """With ``log_plans`` every distinct step (shape, config, batch, plan) is logged once,
+    the line naming the layer and the plan's summary; repeated steps add nothing, and
+    nothing is logged while it is off (the default)."""
+    from replayssm_quant.kernels import plan as kp
+
+    monkeypatch.setattr(kp, "_log", {"on": False})
+    monkeypatch.setattr(kp, "_logged", set())
+    cfg = _small_L(PRESETS["replay-fp32"])
+    with caplog.at_level("INFO", logger="replayssm_quant.kernels.plan"):
+        _run("mamba2", cfg, steps=1, one_launch=False)
+        assert not caplog.records
+        kp.log_plans()
+        _run("mamba2", cfg, steps=2, one_launch=False)  # the same step twice: one line
+        _run("gdn", cfg, steps=1, one_launch=False)
+        _run("mamba2", cfg, steps=1)  # one launch: another plan
+        kp.log_plans(False)
+        _run("gdn", cfg, steps=1)
+    lines = [r.getMessage() for r in caplog.records]
+    want = [_plan("mamba2", cfg, one_launch=False), _plan("gdn", cfg, one_launch=False),
+            _plan("mamba2", cfg)]
+    assert len(lines) == 3, lines
+    for line, p in zip(lines, want, strict=True):
+        assert line.startswith(f"{p.kind} step, 4 heads x 16 x 32 (2 ") and line.endswith(p.summary())
+        assert f"batch {len(SLOTS)} on " in line and str(cfg) in line

@@ -68,7 +68,7 @@ from .mamba2 import (
     verify_precision,
 )
 from .persistent import launch_persistent
-from .plan import FlushPlan, StepPlan, Target, check_knob_names
+from .plan import FlushPlan, StepPlan, Target, check_knob_names, note_plan
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -671,6 +671,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
                          # a conventional cache may hold no ring (the vLLM plugin's pages)
                          ring_dtype=cache.ring["k"].dtype if "k" in cache.ring else k.dtype,
                          ckpt_data=cache.ckpt.data, advance=advance, **knobs)
+    note_plan(plan)
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
     ck = _state_args(cache.ckpt, slots)

@@ -45,7 +45,7 @@ from .common import (
     write_state,
 )
 from .persistent import launch_persistent
-from .plan import FlushPlan, StepPlan, Target, check_knob_names
+from .plan import FlushPlan, StepPlan, Target, check_knob_names, note_plan
 
 
 def _fmt(st) -> int:
@@ -649,6 +649,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     plan = mamba2_step_plan(cfg, cache.capacity, H, P, N, G, x.shape[0], x.device,
                             ring_dtype=ring_dtype, ckpt_data=cache.ckpt.data, advance=advance,
                             **knobs)
+    note_plan(plan)
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     d = D if D is not None else A

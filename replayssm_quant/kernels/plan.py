@@ -7,15 +7,27 @@ resolve them through ``mamba2_step_plan`` / ``gdn_step_plan`` and launch exactly
 returned ``StepPlan`` says, so the plan printed for a config (``step_plan``, the
 ``replayssm-quant plan`` command) is the plan the GPU runs. A plan also validates the knobs
 before any launch: a bad one fails with the reason and nothing runs.
+
+``log_plans()`` (or ``REPLAYSSM_QUANT_LOG_PLANS=1`` in the environment) logs the plan of every
+distinct step the kernels launch, once each, so a server (the vLLM plugin) shows what its
+layers run at each batch size it captures.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+LOG_PLANS_ENV = "REPLAYSSM_QUANT_LOG_PLANS"
+logger = logging.getLogger(__name__)
+_log = {"on": os.environ.get(LOG_PLANS_ENV, "").strip() not in ("", "0")}
+_logged: set[tuple] = set()
 
 
 @dataclass(frozen=True)
@@ -230,6 +242,36 @@ class StepPlan:
         d["target"] = asdict(self.target)
         d["launches"] = self.launches()
         return d
+
+
+def log_plans(enabled: bool = True) -> None:
+    """Log (INFO, logger ``replayssm_quant.kernels.plan``) the plan of every distinct decode
+    step launched from now on, once per (layer shape, config, batch, plan); with no handler
+    configured anywhere a stderr handler is added, so the lines show without a logging setup.
+    Off by default (each step then pays one flag check)."""
+    _log["on"] = enabled
+    if enabled:
+        logger.setLevel(logging.INFO)
+        if not logger.hasHandlers():
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)
+
+
+def note_plan(plan: StepPlan) -> None:
+    """Log ``plan`` if plans are logged (``log_plans``) and this one was not logged yet."""
+    if not _log["on"]:
+        return
+    summary = plan.summary()
+    key = (plan.kind, plan.config, plan.batch, plan.heads, plan.dim, plan.d_state, plan.groups,
+           plan.capacity, plan.target.name, summary)
+    if key in _logged:
+        return
+    _logged.add(key)
+    logger.info("%s step, %d heads x %d x %d (%d %s), %s, batch %d on %s: %s", plan.kind,
+                plan.heads, plan.dim, plan.d_state, plan.groups,
+                "groups" if plan.kind == "mamba2" else "key heads", plan.config, plan.batch,
+                plan.target.name, summary)
 
 
 def check_knob_names(plan_fn, knobs: dict[str, Any]) -> None:
