@@ -108,6 +108,9 @@ def test_h200_defaults_are_the_measured_ones():
     assert f.tiles == 256 * 128 * 4 and f.pdl and p.step_pdl and p.prep_pdl
     nano = step_plan("nemotron-3-nano-4b", "replay-fp32", 256)
     assert (nano.rows, nano.rows2, nano.tiles) == (64, 16, 1)
+    assert nano.tile_first and nano.grid == (1, 96, 256)  # heads before rows: it reads fp32
+    nano4 = step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 256)
+    assert nano4.rows2 == 16 and not nano4.tile_first and nano4.grid == (256, 96, 1)
     q = step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 256)
     assert (q.flush.fold, q.flush.rows, q.flush.warps, q.flush.recompute_u, q.flush.ut) == (
         "records", 32, 8, True, False)

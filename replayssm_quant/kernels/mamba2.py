@@ -747,8 +747,9 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     if whole_head and split is not None:
         BP, BP2 = split
     tiles = 1 if BP2 else triton.cdiv(P, BP)
-    if tile_first is None:  # a whole-head grid has one tile per head: nothing to order
-        tile_first = not BP2 and mamba2_tile_first(capacity, P, BP, reads_narrow_copy(cfg))
+    if tile_first is None:
+        tile_first = (not reads_narrow_copy(cfg) if BP2 else
+                      mamba2_tile_first(capacity, P, BP, reads_narrow_copy(cfg)))
     base = dict(kind="mamba2", config=str(cfg), batch=batch, heads=H, dim=P, d_state=N,
                 groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
                 rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
@@ -859,7 +860,13 @@ def mamba2_tile_first(capacity: int, P: int, block_p: int, narrow: bool = True) 
     626 -> 590 us, Nano-4B 600 -> 560 us), for non-flush steps whose heads take more than
     one tile (Nano-4B's 80 rows: 283 -> 264 us) and for non-flush steps that read the state
     itself rather than an fp8 / NVFP4 copy (``narrow``; Super's one-warp 64-row tiles 289 ->
-    283 us, ``tune_r65/r66_fp32_tiles.log``); (rows, heads, tiles) otherwise."""
+    283 us, ``tune_r65/r66_fp32_tiles.log``); (rows, heads, tiles) otherwise.
+
+    A whole-head grid (``whole_head``, one tile per head) orders heads before rows when it
+    reads the state itself and rows first for an fp8 / NVFP4 copy (``mamba2_step_plan``):
+    Nemotron-3-Nano-4B's replay-fp32 window 283.8 -> 280.2 us at batch 256 (three interleaved
+    runs, non-flush 264.1 -> 260.4), 559.1 -> 551.2 at 512, while the narrow reads were
+    0.3-0.6 us slower heads first (reports/kernels/tune_r180_nano_tile_first.log)."""
     return capacity == 0 or triton.cdiv(P, block_p) > 1 or not narrow
 
 
