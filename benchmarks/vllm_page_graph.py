@@ -5,8 +5,9 @@ the plugin is everything below vLLM's own code: the page layout
 (``replayssm_quant.vllm_plugin.layout``), the views cut from the pages, the input conversion
 and slot mapping, and the post-prefill refresh (``replayssm_quant.vllm_plugin.runtime``).
 
-For each layer type (Mamba-2 on Nemotron-3-Super's shape, GDN on Qwen3.5-4B's, TP=1, bf16
-activations) and every preset:
+For each layer type (Mamba-2 on Nemotron-3-Super's shape, GDN on Qwen3.5-4B's by default;
+``--mamba2-shape`` / ``--gdn-shape`` pick another paper shape; TP=1, bf16 activations) and
+every preset:
 
 * one int8 tensor of ``num_blocks`` pages, padded like vLLM pads a hybrid page, with the
   plugin's layout; block 0 is vLLM's null block;
@@ -26,6 +27,7 @@ graph replay == eager call bit for bit, and the null block's page never written.
 
     python benchmarks/vllm_page_graph.py            # all presets, both layer types (< 2 min)
     python benchmarks/vllm_page_graph.py --quick    # three presets
+    python benchmarks/vllm_page_graph.py --kinds mamba2 --mamba2-shape nemotron-3-nano-4b
     TRITON_INTERPRET=1 python benchmarks/vllm_page_graph.py --device cpu --tiny --L 4 --steps 14
 """
 
@@ -268,12 +270,14 @@ def flush_moves_by_tma(shape: ModelShape, cfg, cache, device: torch.device) -> b
     return plan.flush is not None and plan.flush.tma
 
 
+DEFAULT_SHAPES = {"mamba2": "nemotron-3-super-120b", "gdn": "qwen3.5-4b"}
+
+
 def check_one(kind: str, preset: str, device: torch.device, steps: int, tiny: bool,
-              seed: int, L: int | None = None) -> Result:
+              seed: int, L: int | None = None, shape_name: str | None = None) -> Result:
     res = Result(kind, preset)
     t0 = time.time()
-    shape = TINY[kind] if tiny else (SHAPES["nemotron-3-super-120b"] if kind == "mamba2"
-                                     else SHAPES["qwen3.5-4b"])
+    shape = TINY[kind] if tiny else SHAPES[shape_name or DEFAULT_SHAPES[kind]]
     cfg = PRESETS[preset]
     if L is not None and cfg.L > 1:
         cfg = with_buffer_len(cfg, L)
@@ -343,19 +347,31 @@ def main(argv=None) -> int:
     ap.add_argument("--presets", nargs="*", default=None)
     ap.add_argument("--L", type=int, default=None,
                     help="flush interval for the replaying presets (default: theirs, 16)")
+    ap.add_argument("--mamba2-shape", default=DEFAULT_SHAPES["mamba2"],
+                    choices=[n for n, sh in SHAPES.items() if sh.kind == "mamba2"],
+                    help="paper shape of the Mamba-2 layer (Nemotron-3-Nano-4B's head dim of 80 "
+                         "runs whole-head programs in two row passes)")
+    ap.add_argument("--gdn-shape", default=DEFAULT_SHAPES["gdn"],
+                    choices=[n for n, sh in SHAPES.items() if sh.kind == "gdn"],
+                    help="paper shape of the GDN layer")
+    ap.add_argument("--kinds", nargs="+", default=["mamba2", "gdn"], choices=["mamba2", "gdn"],
+                    help="layer types to check")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    shape_of = {"mamba2": args.mamba2_shape, "gdn": args.gdn_shape}
     presets = args.presets or (["nvfp4-read/fp16-sr", "shared-fp8", "fp16-sr"] if args.quick
                                else list(PRESETS))
     t0 = time.time()
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     results = []
-    for kind in ("mamba2", "gdn"):
+    for kind in args.kinds:
+        if not args.tiny:
+            print(f"{kind}: {shape_of[kind]}")
         for i, preset in enumerate(presets):
             try:
                 r = check_one(kind, preset, device, args.steps, args.tiny, seed=100 + i,
-                              L=args.L)
+                              L=args.L, shape_name=shape_of[kind])
             except Exception as e:  # report and carry on: one table for everything
                 r = Result(kind, preset, error=f"{type(e).__name__}: {e}")
             results.append(r)
