@@ -9,6 +9,10 @@ targets hold and by how much the others miss instead of leaving that to a reader
         reports/kernels/decode_r121.json --out reports/kernels/targets.md --json targets.json \\
         --plot reports/kernels/targets.png
 
+A target that forms a ratio of two rows (a window against the conventional step, say) takes
+both from one file, the latest that holds them, and names it in its detail; a later file's
+row replaces an earlier one's elsewhere.
+
 `decode.py` appends the same table to every ``decode.md`` it writes. A target only judges the
 batch sizes it names (``batch_min`` / ``batch_max``); a sweep without those rows gives no
 verdict for it, never a pass.
@@ -50,7 +54,9 @@ class Verdict:
 @dataclass(frozen=True)
 class Target:
     """``measure(rows of one (shape, batch))`` gives (value, detail) or None when the rows it
-    needs are missing; ``op`` is ">=" or "<=" against ``bound``."""
+    needs are missing; ``op`` is ">=" or "<=" against ``bound``. A ``same_run`` target forms a
+    ratio of two rows, and the issue asks for both "measured in one run": it reads the latest
+    run that holds every row it needs, never one run's window against another's step."""
 
     name: str
     text: str
@@ -60,6 +66,7 @@ class Target:
     batch_min: int = 256
     batch_max: int | None = None
     kinds: tuple[str, ...] = ("mamba2", "gdn")
+    same_run: bool = False  # the rows it pairs must come from one run (one decode.json)
 
     def meets(self, value: float) -> bool:
         if value != value:
@@ -154,38 +161,53 @@ TARGETS: tuple[Target, ...] = (
     Target("conv-fp32-bandwidth", "conventional FP32 step at >= 85% of copy bandwidth",
            0.85, ">=", _conv_bw),
     Target("replay-fp32-window", "ReplaySSM FP32 window (L = 16) >= 1.75x the conventional FP32 step",
-           1.75, ">=", _ratio_to_conv("replay-fp32")),
+           1.75, ">=", _ratio_to_conv("replay-fp32"), same_run=True),
     Target("nvfp4-fp16sr-window", "NVFP4 read + FP16-SR window (L = 16) >= 7x the conventional FP32 step",
-           7.0, ">=", _ratio_to_conv(NVFP4_PRESET)),
+           7.0, ">=", _ratio_to_conv(NVFP4_PRESET), same_run=True),
     Target("nvfp4-nonflush", "NVFP4 non-flush step >= 5x the FP32 non-flush step",
-           5.0, ">=", _nvfp4_nonflush),
+           5.0, ">=", _nvfp4_nonflush, same_run=True),
     Target("every-kernel-bandwidth", "every kernel at >= 85% of copy bandwidth on its counted bytes",
            0.85, ">=", _every_kernel_bw),
     Target("replay-fp32-vs-fla", "GDN ReplaySSM FP32 window >= 1.7x FLA's fused recurrent decode",
-           1.7, ">=", _vs_fla, kinds=("gdn",)),
+           1.7, ">=", _vs_fla, kinds=("gdn",), same_run=True),
     Target("verify-replay-fp32", "verify of T drafts (replay-fp32) <= 1.0x one conventional step",
            1.0, "<=", _verify("replay-fp32")),
     Target("verify-nvfp4", f"verify of T drafts ({NVFP4_PRESET}) <= 1.0x one conventional step",
            1.0, "<=", _verify(NVFP4_PRESET)),
     Target("batch1-no-regression", "batch 1: every ReplaySSM window >= 0.90x the conventional step",
-           0.9, ">=", _batch1, batch_min=1, batch_max=1),
+           0.9, ">=", _batch1, batch_min=1, batch_max=1, same_run=True),
 )
 
 
 def evaluate(rows: Iterable[dict], targets: Iterable[Target] = TARGETS) -> list[Verdict]:
     """One verdict per target and (shape, batch) of ``rows`` that the target applies to and
-    whose rows it needs are present."""
+    whose rows it needs are present. Rows carry the run they come from (``run``, as
+    ``load_rows`` numbers the files; one run without it): a later run's (shape, batch, config)
+    replaces an earlier one's, and a ``same_run`` target reads the latest run that holds all
+    its rows."""
     groups: dict[tuple[str, int], dict[str, dict]] = {}
+    runs: dict[tuple[str, int], dict[int, dict[str, dict]]] = {}
     kinds: dict[str, str] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["batch"]), {})[r["config"]] = r
+        runs.setdefault((r["shape"], r["batch"]), {}).setdefault(r.get("run", 0), {})[r["config"]] = r
         kinds[r["shape"]] = r.get("kind", "")
     out = []
     for t in targets:
         for (shape, batch), grp in sorted(groups.items()):
             if not t.applies(batch, kinds[shape]):
                 continue
-            got = t.measure(grp)
+            if t.same_run:
+                by_run = runs[(shape, batch)]
+                got = next(((g, by_run[k]) for g, k in ((t.measure(by_run[k]), k)
+                                                        for k in sorted(by_run, reverse=True))
+                            if g is not None), None)
+                if got is not None:
+                    (value, detail), run_rows = got
+                    source = next(iter(run_rows.values())).get("source")
+                    got = (value, f"{detail} [{source}]" if source else detail)
+            else:
+                got = t.measure(grp)
             if got is None:
                 continue
             value, detail = got
@@ -262,19 +284,19 @@ def plot(verdicts: list[Verdict], path: Path, title: str = "") -> None:
 
 
 def load_rows(paths: Iterable[Path]) -> list[dict]:
-    """The rows of ``decode.json`` files; a later file's (shape, batch, config) replaces an
-    earlier one's."""
-    rows: dict[tuple, dict] = {}
-    for p in paths:
+    """The rows of ``decode.json`` files in file order, each tagged with its file's index
+    (``run``): ``evaluate`` lets a later file's (shape, batch, config) replace an earlier
+    one's and pairs rows of one file only where a target forms a ratio."""
+    rows: list[dict] = []
+    for i, p in enumerate(paths):
         try:
             data = json.loads(Path(p).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"cannot read {p}: {e}") from e
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise SystemExit(f"{p} is not a decode.py result (no 'rows' list)")
-        for r in data["rows"]:
-            rows[(r["shape"], r["batch"], r["config"])] = r
-    return list(rows.values())
+        rows += [{**r, "run": i, "source": Path(p).stem} for r in data["rows"]]
+    return rows
 
 
 def main(argv=None) -> int:

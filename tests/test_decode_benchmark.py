@@ -257,22 +257,38 @@ def test_targets_verdicts_follow_the_numbers():
 
 
 def test_targets_table_and_cli(tmp_path):
-    """The CLI reads decode.json files (later files replace earlier rows), writes the Markdown
-    table and the verdicts as JSON, and refuses a file that is not a decode.py result."""
+    """The CLI reads decode.json files (later files replace earlier rows, but a ratio takes
+    both its rows from one file, the latest that holds them), writes the Markdown table and
+    the verdicts as JSON, and refuses a file that is not a decode.py result."""
     import json
 
     import pytest
 
     mod = _targets_module()
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
     a.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(replay_us=300.0))))
-    b.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(replay_us=250.0)[1:2])))
+    b.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(replay_us=250.0)[:2])))
+    # c: a later run with its own conventional step (slower) and window
+    c.write_text(json.dumps(dict(meta={}, rows=[_sweep_rows(conv_us=520.0)[0]]
+                                 + _sweep_rows(replay_us=200.0)[1:2])))
     md, js = tmp_path / "t.md", tmp_path / "t.json"
     assert mod.main([str(a), str(b), "--out", str(md), "--json", str(js)]) == 0
     verdicts = {d["target"]: d for d in json.loads(js.read_text())}
-    assert abs(verdicts["replay-fp32-window"]["value"] - 2.0) < 1e-12  # b's row replaced a's
+    assert abs(verdicts["replay-fp32-window"]["value"] - 2.0) < 1e-12  # b's rows replaced a's
+    assert verdicts["replay-fp32-window"]["detail"].endswith("[b]")
     text = md.read_text()
     assert "### replay-fp32-window" in text and "| qwen3.5-4b | 256 | 2.000 | >= 1.75 | yes |" in text
+    # b alone lacks the NVFP4 rows: that ratio still comes from a, whole
+    assert abs(verdicts["nvfp4-nonflush"]["value"] - 300 * 0.93 / 70) < 1e-12
+    only_window = tmp_path / "w.json"
+    only_window.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(replay_us=250.0)[1:2])))
+    assert mod.main([str(a), str(only_window), "--json", str(js)]) == 0
+    verdicts = {d["target"]: d for d in json.loads(js.read_text())}
+    assert abs(verdicts["replay-fp32-window"]["value"] - 500 / 300) < 1e-12  # never 500 / 250
+    assert mod.main([str(a), str(c), "--json", str(js)]) == 0
+    verdicts = {d["target"]: d for d in json.loads(js.read_text())}
+    assert abs(verdicts["replay-fp32-window"]["value"] - 520 / 200) < 1e-12  # c's own pair
+    assert abs(verdicts["conv-fp32-bandwidth"]["value"] - 0.96) < 1e-12
     assert "**no**" in text and "checks met." in text
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([1, 2]))
