@@ -9,7 +9,12 @@ Each measurement replays a CUDA graph: whole windows of L steps, 16 steps to a g
 windows at L = 8; window average), a flush step with the cursor held at L-1 (4 copies to a
 graph), and the non-flush average derived from the two. Configs without a window
 (conventional steps, FLA's peer kernel) are timed 16 steps to a graph as well, so every
-config pays a replay's launch gap the same way. Every graph is warmed for
+config holds the same share of a graph's start. Each timed replay, and each timed copy, waits
+on the GPU behind a spin kernel (``--hold-us``, 100 us) while the host queues it, so the time
+is the GPU's alone: without the hold, the host's launch latency added 0.06-0.25 us to every
+step at batch 1, repeats of a row spread by 1.3-2.2% (median) instead of 0.6-0.8%, and the
+copy read 0.6-1.0% slower (reports/kernels/probe_r188_hold.log, probe_r191_hold.log; below
+0.1% at batch 256). Every graph is warmed for
 30 replays and 20 ms before timing: on the H200 the first ~10 replays of a conventional
 step over a fresh state run ~10% slower (reports/kernels/probe_r86_ramp.log). Inputs are
 fresh random values (never zeros) and differ per step of the window.
@@ -42,33 +47,69 @@ from replayssm_quant.precision import PRESETS, SHAPES, ModelShape, step_bytes  #
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second, after a 1 s warm-up."""
+    """Device-to-device copy, bytes read + written per second, after a 1 s warm-up; each
+    timed copy waits behind the same GPU hold as ``time_graph``'s replays."""
     a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     b = torch.empty_like(a)
     t_end = time.time() + 1.0
     while time.time() < t_end:
         b.copy_(a)
     torch.cuda.synchronize()
+    t = timed_replays(lambda: b.copy_(a), reps, 1, hold_cycles(HOLD_US) if HOLD_US > 0 else 0)
+    return 2 * a.numel() * 4 / t
+
+
+HOLD_US = 100.0  # GPU hold in front of each timed replay (``time_graph``); 0: none
+_cycles_per_us: dict[int, float] = {}  # per device, from one timed sleep
+
+
+def hold_cycles(us: float, cuda=torch.cuda) -> int:
+    """Clock cycles of ``cuda._sleep`` that spin the GPU for about ``us`` microseconds, from
+    one timed sleep of 2^21 cycles (measured once per process and device)."""
+    dev = cuda.current_device()
+    if dev not in _cycles_per_us:
+        n = 1 << 21
+        cuda._sleep(n)  # first launch outside the measurement
+        st, en = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        st.record()
+        cuda._sleep(n)
+        en.record()
+        en.synchronize()
+        _cycles_per_us[dev] = n / (st.elapsed_time(en) * 1e3)
+    return max(1, int(us * _cycles_per_us[dev]))
+
+
+def timed_replays(replay, reps: int, repeat: int = 1, hold: int = 0, cuda=torch.cuda) -> float:
+    """Median seconds per call over ``reps`` timed calls of ``replay`` (a graph holding
+    ``repeat`` calls), each between two events. With ``hold`` > 0 a spin kernel of that many
+    cycles goes in front of the start event: the host then queues the event, the replay and
+    the end event while the GPU spins, so the start event fires with the replay already
+    queued and the host's launch latency stays out of the time."""
     times = []
     for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
+        st, en = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        if hold:
+            cuda._sleep(hold)
+        st.record()
+        replay()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) / 1e3 / repeat)
     times.sort()
-    return 2 * a.numel() * 4 / times[len(times) // 2]
+    return times[len(times) // 2]
 
 
 def time_graph(fn, reps: int = 20, warmup: int = 30, warm_s: float = 0.02,
-               repeat: int = 1) -> float:
+               repeat: int = 1, hold_us: float | None = None) -> float:
     """Median seconds per call of ``fn`` captured ``repeat`` times in one CUDA graph (plain
     calls on a CPU, for dry runs). The graph is replayed ``warmup`` times and for at least
     ``warm_s`` seconds before timing: on the H200 the first ~10 replays of a step that
     rewrites a freshly allocated state run ~10% slower than every later one
     (reports/kernels/probe_r86_ramp.log). ``repeat`` > 1 keeps the launch gap of a lone
-    replay out of the time, as a window of steps does."""
+    replay out of the time, as a window of steps does. Each timed replay waits behind a GPU
+    hold of ``hold_us`` (default ``HOLD_US``; 0: none, ``timed_replays``): at batch 1 the
+    host's launch latency otherwise added 0.06-0.25 us to every step of a 16-step graph
+    (reports/kernels/probe_r191_hold.log)."""
     if not torch.cuda.is_available():
         fn()
         t = time.perf_counter()
@@ -91,16 +132,8 @@ def time_graph(fn, reps: int = 20, warmup: int = 30, warm_s: float = 0.02,
         if n % 8 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) / 1e3 / repeat)
-    times.sort()
-    return times[len(times) // 2]
+    us = HOLD_US if hold_us is None else hold_us
+    return timed_replays(g.replay, reps, repeat, hold_cycles(us) if us > 0 else 0)
 
 
 def _fill_state(cache, gen_scale: float = 0.05) -> None:
@@ -319,6 +352,7 @@ def configs_for(Ls: list[int]) -> list:
 
 
 def main(argv=None) -> int:
+    global HOLD_US
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--batch", type=int, nargs="*", default=[256, 1, 64, 512])
@@ -330,8 +364,13 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--deadline", type=float, default=0,
                     help="seconds after which no new (batch, shape) block starts (0: none)")
+    ap.add_argument("--hold-us", type=float, default=HOLD_US,
+                    help="GPU hold in microseconds in front of each timed replay, so the host's "
+                         "launch latency stays out of the time (0: none, the harness before "
+                         "decode_r188)")
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/kernels"))
     args = ap.parse_args(argv)
+    HOLD_US = args.hold_us
     torch.manual_seed(0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -345,7 +384,8 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_name()
     print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     meta = dict(device=dev, copy_bandwidth=bw, torch=torch.__version__,
-                triton=__import__("triton").__version__, argv=sys.argv, complete=False)
+                triton=__import__("triton").__version__, argv=sys.argv, hold_us=HOLD_US,
+                complete=False)
     rows: list[dict] = []
     t_start = time.time()
     # batch-major: every shape's batch-256 numbers (the acceptance point) come first when the

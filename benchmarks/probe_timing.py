@@ -7,6 +7,7 @@ Probes of the timing harness itself (CUDA), one per question, each printing what
     python3 benchmarks/probe_timing.py data      # does the state's content matter? (r85)
     python3 benchmarks/probe_timing.py ramp      # per-replay times from a fresh workload (r86)
     python3 benchmarks/probe_timing.py harness   # 3 warm-up replays against 30 / 20 ms (r87)
+    python3 benchmarks/probe_timing.py hold      # a GPU hold before each timed replay (r188)
 
 The logs are ``reports/kernels/probe_r8[2-7]_*.log``; ``clocks`` ran beside
 ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,
@@ -15,7 +16,10 @@ time with the harness of that time, 3 warm-up replays (``OLD``); the answer (``r
 first ~10 replays of a conventional FP32 step on a freshly allocated state run ~10% slower,
 so ``decode.time_graph`` now warms each graph for 30 replays and 20 ms. ``harness`` (r87)
 ran before conventional steps were timed 16 to a graph and flushes 4 to a graph, so its
-conventional and flush times today include less launch cost than its log's.
+conventional and flush times today include less launch cost than its log's. ``hold``
+(``probe_r188_hold.log``) answered why batch-1 rows moved by up to 15% between runs: the
+host's launch latency sat inside every timed replay, so ``decode.time_graph`` now queues each
+replay behind a GPU hold.
 """
 
 # ruff: noqa: B023 - every closure here is timed within the loop iteration that made it
@@ -38,7 +42,7 @@ import decode as D  # noqa: E402
 
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes  # noqa: E402
 
-OLD = dict(warmup=3, warm_s=0.0)  # the harness before the warm-up fix
+OLD = dict(warmup=3, warm_s=0.0, hold_us=0.0)  # the harness before the warm-up fix
 
 
 def old_graph(fn, reps: int = 20) -> float:
@@ -326,8 +330,59 @@ def probe_harness(cb: float) -> None:
         D.time_graph = new
 
 
+B1_PRESETS = ("fp32", "replay-fp32", "replay-fp32@L8", "nvfp4-read/fp16-sr",
+              "nvfp4-read/fp8-sr@L8", "shared-fp8@L8")
+
+
+def probe_hold(cb: float) -> None:
+    """decode.measure without and with a GPU hold in front of each timed replay, alternating
+    in one process: every shape at batch 1 for six presets, three rounds; other hold lengths
+    (10, 30, 300 us) on two shapes; FLA at batch 1; two shapes at batch 256; the copy."""
+    cfgs = {c.label: c for c in D.configs_for([8, 16])}
+    D.precompile([(s, cfgs[c], {}, 0, "cuda") for s in SHAPES for c in B1_PRESETS], 14)
+    hold = D.HOLD_US
+
+    def row(sname, batch, cname, holds):
+        out = []
+        for h in holds:
+            D.HOLD_US = h
+            m = D.measure(SHAPES[sname], batch, cfgs[cname], 10)
+            out.append(f"h{h:g}: win {m['window_us']:8.2f} nf {m['nonflush_us']:8.2f} "
+                       f"fl {m['flush_us']:8.2f}")
+        return " | ".join(out)
+
+    try:
+        for r in range(3):
+            for sname in SHAPES:
+                for cname in B1_PRESETS:
+                    print(f"B=  1 r{r} {sname:22s} {cname:22s} {row(sname, 1, cname, (0, 100))}",
+                          flush=True)
+        for sname in ("nemotron-3-super-120b", "qwen3.5-4b"):
+            for cname in ("fp32", "replay-fp32@L8"):
+                print(f"B=  1 r0 {sname:22s} {cname:22s} {row(sname, 1, cname, (10, 30, 300))}",
+                      flush=True)
+        for sname in ("qwen3.5-4b", "qwen3.5-122b-a10b"):
+            out = []
+            for h in (0, 100, 0, 100):
+                D.HOLD_US = h
+                out.append(f"h{h} {D.measure_fla(SHAPES[sname], 1, 10):.2f}")
+            print(f"B=  1 FLA {sname:22s} " + " | ".join(out), flush=True)
+        for r in range(2):
+            for sname in ("nemotron-3-super-120b", "qwen3.5-4b"):
+                for cname in ("fp32", "replay-fp32"):
+                    print(f"B=256 r{r} {sname:22s} {cname:22s} {row(sname, 256, cname, (0, 100))}",
+                          flush=True)
+        out = []
+        for h in (0, 100) * 3:
+            D.HOLD_US = h
+            out.append(f"h{h} {D.copy_bandwidth() / 1e12:.4f}")
+        print("copy TB/s: " + " | ".join(out), flush=True)
+    finally:
+        D.HOLD_US = hold
+
+
 PROBES = {"inplace": probe_inplace, "warm": probe_warm, "clocks": probe_clocks,
-          "data": probe_data, "ramp": probe_ramp, "harness": probe_harness}
+          "data": probe_data, "ramp": probe_ramp, "harness": probe_harness, "hold": probe_hold}
 
 
 def main(argv=None) -> int:

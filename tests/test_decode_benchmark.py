@@ -430,3 +430,60 @@ def test_targets_plot_scores_and_draws(tmp_path):
     out = tmp_path / "targets.png"
     assert mod.main([str(sweep), "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+class _FakeCuda:
+    """A stand-in for ``torch.cuda`` that logs the host-side order of calls and plays back
+    event times: what ``timed_replays`` and ``hold_cycles`` ask of the GPU."""
+
+    def __init__(self, elapsed_ms):
+        self.log, self.elapsed = [], list(elapsed_ms)
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.name = f"event{len(fake.log)}"
+
+            def record(self):
+                fake.log.append("record")
+
+            def synchronize(self):
+                fake.log.append("sync")
+
+            def elapsed_time(self, end):
+                return fake.elapsed.pop(0)
+
+        self.Event = Event
+
+    def _sleep(self, cycles):
+        self.log.append(f"sleep {cycles}")
+
+    def current_device(self):
+        return 7
+
+
+def test_timed_replays_hold_before_start_event():
+    """Each timed replay is queued behind the GPU hold: sleep, start event, replay, end event,
+    in that order every time; without a hold no sleep is queued; the median is per call of
+    the graph's ``repeat`` copies."""
+    mod = _module()
+    fake = _FakeCuda([4.0, 1.0, 2.0])
+    t = mod.timed_replays(lambda: fake.log.append("replay"), 3, repeat=2, hold=5000, cuda=fake)
+    assert fake.log == ["sleep 5000", "record", "replay", "record", "sync"] * 3
+    assert t == pytest.approx(2.0e-3 / 2)
+    fake = _FakeCuda([3.0])
+    mod.timed_replays(lambda: fake.log.append("replay"), 1, hold=0, cuda=fake)
+    assert fake.log == ["record", "replay", "record", "sync"]
+
+
+def test_hold_cycles_calibrates_once_per_device():
+    """The cycles of a hold come from one timed sleep of 2^21 cycles on the device: a sleep
+    that took 1.0 ms gives 2097 cycles per us, and later holds reuse the calibration."""
+    mod = _module()
+    fake = _FakeCuda([1.0])
+    assert mod.hold_cycles(100.0, cuda=fake) == int(100.0 * (1 << 21) / 1000.0)
+    assert fake.log == [f"sleep {1 << 21}", "record", f"sleep {1 << 21}", "record", "sync"]
+    fake.log.clear()
+    assert mod.hold_cycles(10.0, cuda=fake) == int(10.0 * (1 << 21) / 1000.0)
+    assert fake.log == []  # no second calibration
