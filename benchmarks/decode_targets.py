@@ -94,8 +94,10 @@ def _ratio_to_conv(config: str):
         if r is None or c is None:
             return None
         allow = r.get("byte_bound_vs_conv_fp32")
+        frac = c.get("bw_frac_window")  # a slow baseline shows here (decode_r193's 0.898)
         return (c["window_us"] / r["window_us"],
                 f"{r['window_us']:.1f} us against {c['window_us']:.1f} us"
+                + (f" ({frac:.2f} of copy bandwidth)" if frac else "")
                 + (f"; the counted bytes allow {allow:.2f}x" if allow else ""))
     return measure
 

@@ -116,7 +116,7 @@ def test_probe_timing_refuses_without_a_gpu(monkeypatch):
                                                   ROOT / "benchmarks" / "probe_timing.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert set(mod.PROBES) == {"inplace", "warm", "clocks", "data", "ramp", "harness"}
+    assert set(mod.PROBES) == {"inplace", "warm", "clocks", "data", "ramp", "harness", "hold"}
     with pytest.raises(SystemExit) as e:
         mod.main(["nonsense"])
     assert e.value.code == 2
@@ -233,6 +233,7 @@ def test_targets_verdicts_follow_the_numbers():
     v = {x.target: x for x in mod.evaluate(_sweep_rows(fla_us=490.0))}
     assert abs(v["replay-fp32-window"].value - 500 / 280) < 1e-12 and v["replay-fp32-window"].met
     assert "bytes allow 1.80x" in v["replay-fp32-window"].detail
+    assert "against 500.0 us (0.96 of copy bandwidth)" in v["replay-fp32-window"].detail
     assert not v["nvfp4-fp16sr-window"].met  # 500 / 105 < 7
     assert abs(v["nvfp4-nonflush"].value - 280 * 0.93 / 70) < 1e-12 and not v["nvfp4-nonflush"].met
     assert v["verify-replay-fp32"].met and abs(v["verify-replay-fp32"].value - 0.9) < 1e-12
