@@ -18,6 +18,14 @@ copy read 0.6-1.0% slower (reports/kernels/probe_r188_hold.log, probe_r191_hold.
 30 replays and 20 ms before timing: on the H200 the first ~10 replays of a conventional
 step over a fresh state run ~10% slower (reports/kernels/probe_r86_ramp.log). Inputs are
 fresh random values (never zeros) and differ per step of the window.
+
+One layer's state stays in the GPU's L2 at small batches (4 MiB for Nemotron-3-Super at batch
+1, against 50-60 MB of L2), while a served model's dozens of layers take turns and each step
+reads its state from HBM. ``--layers auto`` times that case: each step of the graph runs over
+enough layers' caches, each its own state and inputs, that the bytes their non-flush steps
+read (``working_set``) hold twice the L2, and the time is given per layer. ``--stagger``
+spreads the rows' cursors (row i at i mod L) so every step flushes a 1/L share of the rows,
+as when requests join at different steps, instead of every row flushing on the same step.
 """
 
 from __future__ import annotations
@@ -204,29 +212,102 @@ REPEAT = 4  # copies per timed graph of a step that leaves the cache as it found
 # the cursor held, speculative verify): no launch gap of a lone replay in the time
 
 
-def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda", **kw) -> dict:
+LAYERS_L2 = 2  # --layers auto: rotate through layers whose working sets hold this many L2s
+MAX_LAYERS = 512
+LAYERED_CONV_STEPS = 8  # steps per graph of a conventional step over several layers
+
+
+def cache_bytes(w: Workload) -> int:
+    """Bytes a step of ``w`` may touch: its cache (checkpoint, read copy, scales, ring, cursor)
+    and one step's inputs."""
+    ts = list(w.cache.tensors().values())
+    ts += [t for st in (w.cache.ckpt, w.cache.read) if st is not None
+           for t in (st.row_scale, st.block_scale) if t is not None]
+    ts += list(w.inputs[0].values())
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def working_set(w: Workload) -> int:
+    """Bytes of ``w`` that its non-flush steps read again and again: the counted bytes of a
+    non-flush step (the read copy or checkpoint, the ring), at most the whole cache (a
+    conventional step reads and writes the same state)."""
+    return int(min(cache_bytes(w), step_bytes(w.cfg, w.shape).nonflush * w.batch))
+
+
+def layer_count(layers: int | str, w: Workload, l2_bytes: int | None = None) -> int:
+    """How many layers' caches a measurement rotates through. ``"auto"``: enough that their
+    working sets (``working_set``) hold ``LAYERS_L2`` times the GPU's L2, so every step, a
+    non-flush step of a narrow read copy too, reads its state from HBM, as a served model's
+    steps do when dozens of layers and their weights take turns (1 without a GPU, at most
+    ``MAX_LAYERS``)."""
+    if layers != "auto":
+        n = int(layers)
+        if n < 1:
+            raise ValueError(f"layers must be a positive count or 'auto', not {layers!r}")
+        return n
+    if l2_bytes is None:
+        l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size \
+            if torch.cuda.is_available() else 0
+    if not l2_bytes:
+        return 1
+    return max(1, min(MAX_LAYERS, -(-LAYERS_L2 * l2_bytes // working_set(w))))
+
+
+def workloads(shape: ModelShape, batch: int, cfg, steps: int, layers: int | str = 1,
+              device: str = "cuda", **kw) -> list[Workload]:
+    """The caches of ``layer_count(layers)`` layers, each with its own random state and
+    inputs (``kw``: ``Workload``'s ``spec``)."""
+    first = Workload(shape, batch, cfg, steps=steps, device=device, **kw)
+    n = layer_count(layers, first)
+    return [first] + [Workload(shape, batch, cfg, steps=steps, device=device, **kw)
+                      for _ in range(n - 1)]
+
+
+def stagger_cursors(w: Workload) -> None:
+    """Row i at cursor i mod L: each step flushes a 1/L share of the rows, as in steady
+    serving where requests join at different steps."""
+    c = w.cache.cursor
+    c.copy_(torch.arange(c.numel(), device=c.device, dtype=c.dtype) % w.cfg.L)
+
+
+def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
+            layers: int | str = 1, stagger: bool = False, **kw) -> dict:
+    """Window, non-flush and flush microseconds per step of one layer. With ``layers`` > 1 a
+    graph runs each step over every layer in turn (``layer_count``), as a model does, and the
+    time is per layer; the graphs then hold one window (8 conventional steps, one flush
+    each). With ``stagger`` the rows' cursors are spread (``stagger_cursors``):
+    every step of the window then flushes some rows, and only the window average is formed."""
     L = cfg.L
     windows = max(1, CONV_STEPS // L)  # whole windows, as many steps per graph as the
     # conventional step's: a replay's launch gap then weighs the same in every config
-    w = Workload(shape, batch, cfg, steps=max(L * windows, CONV_STEPS), device=device)
+    ws = workloads(shape, batch, cfg, max(L * windows, CONV_STEPS), layers, device)
+    n = len(ws)
+    if n > 1:  # the layers' launches fill the graph: one window (8 conventional steps) will do
+        windows = 1
+    conv_steps, repeat = (CONV_STEPS, REPEAT) if n == 1 else (LAYERED_CONV_STEPS, 1)
+
+    def steps(count: int, first: int = 0, **kw2):
+        for i in range(first, first + count):
+            for w in ws:
+                w.step(i, **kw, **kw2)
+
     if L == 1:  # as many steps per graph as a window, so launch costs weigh the same
-        def steps():
-            for i in range(CONV_STEPS):
-                w.step(i, **kw)
-
-        t = time_graph(steps, reps) / CONV_STEPS
-        return dict(window_us=t * 1e6, nonflush_us=t * 1e6, flush_us=t * 1e6)
-    w.cache.cursor.zero_()
-
-    def window():
-        for i in range(L * windows):
-            w.step(i, **kw)
-
-    t_win = time_graph(window, reps) / (L * windows)
-    w.cache.cursor.fill_(L - 1)
-    t_fl = time_graph(lambda: w.step(L - 1, advance=False, **kw), reps, repeat=REPEAT)
+        t = time_graph(lambda: steps(conv_steps), reps) / (conv_steps * n)
+        return dict(window_us=t * 1e6, nonflush_us=t * 1e6, flush_us=t * 1e6, layers=n)
+    for w in ws:
+        if stagger:
+            stagger_cursors(w)
+        else:
+            w.cache.cursor.zero_()
+    t_win = time_graph(lambda: steps(L * windows), reps) / (L * windows * n)
+    if stagger:
+        nan = float("nan")
+        return dict(window_us=t_win * 1e6, nonflush_us=nan, flush_us=nan, layers=n)
+    for w in ws:
+        w.cache.cursor.fill_(L - 1)
+    t_fl = time_graph(lambda: steps(1, L - 1, advance=False), reps, repeat=repeat) / n
     t_nf = (t_win * L - t_fl) / (L - 1)
-    return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6)
+    return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6, layers=n)
 
 
 def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
@@ -240,31 +321,42 @@ def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "
 def verify_workload(shape: ModelShape, batch: int, cfg, T: int, device: str = "cuda") -> Workload:
     """A workload for the speculative verify: ring room for T drafts, row i at cursor i mod L."""
     w = Workload(shape, batch, cfg, steps=T, spec=T - 1, device=device)
-    w.cache.cursor.copy_(torch.arange(w.cache.cursor.numel(), device=device) % cfg.L)
+    stagger_cursors(w)
     return w
 
 
 def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
-                   device: str = "cuda", **kw) -> float:
-    """Microseconds of one speculative verify of T drafts. Row i has i mod L committed
-    records in front of the drafts, as in steady decoding; the drafts are appended to the
-    ring and the cursor does not move, so every replay does the same work."""
+                   device: str = "cuda", layers: int | str = 1, **kw) -> float:
+    """Microseconds of one speculative verify of T drafts (per layer, over ``layers`` as in
+    ``measure``). Row i has i mod L committed records in front of the drafts, as in steady
+    decoding; the drafts are appended to the ring and the cursor does not move, so every
+    replay does the same work."""
     from replayssm_quant.kernels.gdn import gdn_verify
     from replayssm_quant.kernels.mamba2 import mamba2_verify
 
-    w = verify_workload(shape, batch, cfg, T, device)
-    st = lambda key: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
-    if shape.kind == "mamba2":
-        x, dt, Bm, C = st("x"), st("dt"), st("Bm"), st("C")
-        fn = lambda: mamba2_verify(w.cache, x, dt, w.A, Bm, C, w.D, w.slots, **kw)  # noqa: E731
-    else:
-        q, k, v, g, beta = st("q"), st("k"), st("v"), st("g"), st("beta")
-        fn = lambda: gdn_verify(w.cache, q, k, v, g, beta, w.slots, **kw)  # noqa: E731
-    return time_graph(fn, reps, repeat=REPEAT) * 1e6
+    ws = workloads(shape, batch, cfg, T, layers, device, spec=T - 1)
+    calls = []
+    for w in ws:
+        stagger_cursors(w)
+        st = lambda key, w=w: torch.stack([a[key] for a in w.inputs], 1).contiguous()  # noqa: E731
+        if shape.kind == "mamba2":
+            args = (w.cache, st("x"), st("dt"), w.A, st("Bm"), st("C"), w.D, w.slots)
+            calls.append(lambda args=args: mamba2_verify(*args, **kw))
+        else:
+            args = (w.cache, st("q"), st("k"), st("v"), st("g"), st("beta"), w.slots)
+            calls.append(lambda args=args: gdn_verify(*args, **kw))
+
+    def fn():
+        for c in calls:
+            c()
+
+    repeat = REPEAT if len(ws) == 1 else 1
+    return time_graph(fn, reps, repeat=repeat) / len(ws) * 1e6
 
 
-def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
-    """FLA's fused recurrent GDN decode (one token, FP32 state in vLLM's (V, K) layout)."""
+def measure_fla(shape: ModelShape, batch: int, reps: int, layers: int = 1) -> float | None:
+    """FLA's fused recurrent GDN decode (one token, FP32 state in vLLM's (V, K) layout), per
+    layer over ``layers`` states in turn (``layer_count`` gives the count)."""
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     except Exception:  # noqa: BLE001 - a peer that is not installed is skipped
@@ -277,15 +369,16 @@ def measure_fla(shape: ModelShape, batch: int, reps: int) -> float | None:
     v = torch.randn(batch, 1, H, V, device=dev, dtype=torch.bfloat16)
     g = torch.log(torch.empty(batch, 1, H, device=dev).uniform_(0.9, 0.9999))
     beta = torch.rand(batch, 1, H, device=dev).to(torch.bfloat16)
-    h0 = torch.randn(batch, H, V, K, device=dev) * 0.05
+    h0s = [torch.randn(batch, H, V, K, device=dev) * 0.05 for _ in range(layers)]
 
     def steps():
         for _ in range(CONV_STEPS):
-            fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=K**-0.5,
-                                             initial_state=h0, output_final_state=True,
-                                             state_v_first=True)
+            for h0 in h0s:
+                fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=K**-0.5,
+                                                 initial_state=h0, output_final_state=True,
+                                                 state_v_first=True)
 
-    return time_graph(steps, reps) / CONV_STEPS * 1e6
+    return time_graph(steps, reps) / (CONV_STEPS * layers) * 1e6
 
 
 VERIFY_CONFIGS = ("replay-fp32", "nvfp4-read/fp16-sr")  # speculative verify rows (L = 16)
@@ -368,6 +461,14 @@ def main(argv=None) -> int:
                     help="GPU hold in microseconds in front of each timed replay, so the host's "
                          "launch latency stays out of the time (0: none, the harness before "
                          "decode_r188)")
+    ap.add_argument("--layers", type=_layers_arg, default=1,
+                    help="layers whose caches each step runs over in turn, the time given per "
+                         "layer; 'auto': enough that they hold twice the GPU's L2, so a small "
+                         "batch's state comes from HBM as in a served model (default 1: one "
+                         "layer, whose state stays in L2 at small batches)")
+    ap.add_argument("--stagger", action="store_true",
+                    help="spread the rows' cursors (row i at i mod L) so every step flushes a "
+                         "1/L share of the rows, as in steady serving; window averages only")
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/kernels"))
     args = ap.parse_args(argv)
     HOLD_US = args.hold_us
@@ -385,7 +486,7 @@ def main(argv=None) -> int:
     print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     meta = dict(device=dev, copy_bandwidth=bw, torch=torch.__version__,
                 triton=__import__("triton").__version__, argv=sys.argv, hold_us=HOLD_US,
-                complete=False)
+                layers=args.layers, stagger=args.stagger, complete=False)
     rows: list[dict] = []
     t_start = time.time()
     # batch-major: every shape's batch-256 numbers (the acceptance point) come first when the
@@ -409,36 +510,38 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
                   bw: float) -> list[dict]:
     """Every config of one (shape, batch), then the verify rows and FLA's peer kernel."""
     rows = []
-    base = None
+    base, base_layers = None, 1
+    mode = row_mode(args.layers, args.stagger)
     for cfg in cfgs:
         t0 = time.time()
-        m = measure(shape, batch, cfg, args.reps)
+        m = measure(shape, batch, cfg, args.reps, layers=args.layers,
+                    stagger=args.stagger and cfg.L > 1)
         sb = step_bytes(cfg, shape)
         row = dict(shape=sname, kind=shape.kind, batch=batch, config=cfg.label,
-                   config_string=str(cfg), L=cfg.L, **m,
+                   config_string=str(cfg), L=cfg.L, **m, mode=mode,
                    bytes_per_step=sb.window_average * batch,
                    nonflush_bytes=sb.nonflush * batch, flush_bytes=sb.flush * batch)
         row["bw_frac_window"] = row["bytes_per_step"] / (m["window_us"] * 1e-6) / bw
         row["bw_frac_nonflush"] = row["nonflush_bytes"] / (m["nonflush_us"] * 1e-6) / bw
         row["bw_frac_flush"] = row["flush_bytes"] / (m["flush_us"] * 1e-6) / bw
         if cfg.label == "fp32":
-            base = m["window_us"]
+            base, base_layers = m["window_us"], m["layers"]
         row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
         row["byte_bound_vs_conv_fp32"] = byte_bound(shape, cfg)
         row["plan"] = step_plan(shape, cfg, batch, "cuda").summary()  # what was timed
         rows.append(row)
         print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
-              f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} "
+              f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} layers {m['layers']:3d} "
               f"bw {row['bw_frac_window']:.2f} x{row['speedup_vs_conv_fp32']:.2f} "
               f"({time.time() - t0:.1f}s)", flush=True)
     for cfg in vcfgs:
         try:
-            t = measure_verify(shape, batch, cfg, args.verify_T, args.reps)
+            t = measure_verify(shape, batch, cfg, args.verify_T, args.reps, layers=args.layers)
         except Exception as e:  # noqa: BLE001 - reported in the log, the sweep goes on
             print(f"{sname:22s} B={batch:4d} verify {cfg.label}: {type(e).__name__}: {e}", flush=True)
             continue
         rows.append(dict(shape=sname, kind=shape.kind, batch=batch,
-                         config=f"verify T={args.verify_T} {cfg.label}",
+                         config=f"verify T={args.verify_T} {cfg.label}", mode=mode,
                          config_string=str(cfg), L=cfg.L, window_us=t, nonflush_us=t,
                          flush_us=t, verify_vs_conv_step=t / base if base else float("nan"),
                          speedup_vs_conv_fp32=base / t if base else float("nan")))
@@ -446,13 +549,14 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
               f"= {t / base:.2f} conventional FP32 steps", flush=True)
     if shape.kind == "gdn":
         try:
-            t = measure_fla(shape, batch, args.reps)
+            t = measure_fla(shape, batch, args.reps, layers=base_layers)
         except Exception as e:  # noqa: BLE001
             print(f"{sname:22s} B={batch:4d} FLA: {type(e).__name__}: {e}", flush=True)
             t = None
         if t is not None:
             sb = step_bytes(PRESETS["fp32"], shape)
             rows.append(dict(shape=sname, kind="gdn", batch=batch, config="fla-fused-recurrent",
+                             mode=mode, layers=base_layers,
                              config_string="FLA fused_recurrent_gated_delta_rule fp32 state",
                              L=1, window_us=t, nonflush_us=t, flush_us=t,
                              bytes_per_step=sb.window_average * batch,
@@ -461,6 +565,26 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
                              byte_bound_vs_conv_fp32=1.0))
             print(f"{sname:22s} B={batch:4d} FLA fused recurrent     {t:9.1f}us", flush=True)
     return rows
+
+
+def _layers_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive count or 'auto', not {text!r}")
+    return n
+
+
+def row_mode(layers: int | str, stagger: bool) -> str:
+    """How a sweep was timed, beyond the default (one layer, aligned cursors): "layers" (a
+    step over several layers' states, ``--layers``), "stagger" (``--stagger``) or both; ""
+    for the default. Every row of a sweep carries it, and ``decode_targets`` judges each
+    mode's rows apart."""
+    return "+".join(m for m, on in (("layers", layers != 1), ("stagger", stagger)) if on)
 
 
 def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
@@ -490,24 +614,34 @@ def byte_bound(shape, cfg) -> float:
 
 def markdown_table(rows: list[dict], meta: dict) -> str:
     """One table per (shape, batch): times, bandwidth fraction, ratio to conventional FP32 and
-    the ratio the counted bytes allow."""
+    the ratio the counted bytes allow; with the layers each row ran over where a sweep used
+    more than one (``--layers``)."""
     lines = [f"# Decode-step kernels on {meta['device']}", "",
              f"Copy bandwidth measured in the same run: {meta['copy_bandwidth'] / 1e12:.3f} TB/s "
              f"(read + write). torch {meta['torch']}, Triton {meta['triton']}.",
              f"Command: `{' '.join(meta['argv'])}`", ""]
+    if meta.get("layers", 1) != 1:
+        lines += [f"Each step ran over several layers' caches in turn (`--layers "
+                  f"{meta['layers']}`), so their states come from HBM as in a served model; "
+                  "times are per layer.", ""]
+    if meta.get("stagger"):
+        lines += ["Rows' cursors staggered (`--stagger`): every step flushes a 1/L share of the "
+                  "rows; window averages only.", ""]
+    layered = any(r.get("layers", 1) > 1 for r in rows)
     keys = sorted({(r["shape"], r["batch"]) for r in rows}, key=lambda k: (k[0], k[1]))
     for shape, batch in keys:
         lines += [f"## {shape}, batch {batch}", "",
                   "| config | window us | non-flush us | flush us | bw (window) | vs conv FP32 "
-                  "| bytes allow |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| bytes allow |" + (" layers |" if layered else ""),
+                  "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if layered else "")]
         for r in rows:
             if (r["shape"], r["batch"]) != (shape, batch):
                 continue
             lines.append(f"| {r['config']} | {r['window_us']:.1f} | {r['nonflush_us']:.1f} | "
                          f"{r['flush_us']:.1f} | {r.get('bw_frac_window', float('nan')):.2f} | "
                          f"{r.get('speedup_vs_conv_fp32', float('nan')):.2f}x | "
-                         f"{_ratio(r.get('byte_bound_vs_conv_fp32'))} |")
+                         f"{_ratio(r.get('byte_bound_vs_conv_fp32'))} |"
+                         + (f" {r.get('layers', 1)} |" if layered else ""))
         lines.append("")
     return "\n".join(lines)
 

@@ -67,15 +67,17 @@ class Target:
     batch_max: int | None = None
     kinds: tuple[str, ...] = ("mamba2", "gdn")
     same_run: bool = False  # the rows it pairs must come from one run (one decode.json)
+    mode: str = ""  # the sweeps it judges: decode.py's row "mode" ("": one layer, aligned
+    # cursors; "layers": each step over several layers' states, read from HBM)
 
     def meets(self, value: float) -> bool:
         if value != value:
             return False
         return value >= self.bound if self.op == ">=" else value <= self.bound
 
-    def applies(self, batch: int, kind: str) -> bool:
+    def applies(self, batch: int, kind: str, mode: str = "") -> bool:
         return (batch >= self.batch_min and (self.batch_max is None or batch <= self.batch_max)
-                and kind in self.kinds)
+                and kind in self.kinds and mode == self.mode)
 
 
 def _window(rows: dict[str, dict], config: str) -> dict | None:
@@ -178,6 +180,9 @@ TARGETS: tuple[Target, ...] = (
            1.0, "<=", _verify(NVFP4_PRESET)),
     Target("batch1-no-regression", "batch 1: every ReplaySSM window >= 0.90x the conventional step",
            0.9, ">=", _batch1, batch_min=1, batch_max=1, same_run=True),
+    Target("batch1-no-regression-hbm", "batch 1, each step over enough layers that their states "
+           "come from HBM (decode.py --layers): every ReplaySSM window >= 0.90x the conventional "
+           "step", 0.9, ">=", _batch1, batch_min=1, batch_max=1, same_run=True, mode="layers"),
 )
 
 
@@ -186,21 +191,23 @@ def evaluate(rows: Iterable[dict], targets: Iterable[Target] = TARGETS) -> list[
     whose rows it needs are present. Rows carry the run they come from (``run``, as
     ``load_rows`` numbers the files; one run without it): a later run's (shape, batch, config)
     replaces an earlier one's, and a ``same_run`` target reads the latest run that holds all
-    its rows."""
-    groups: dict[tuple[str, int], dict[str, dict]] = {}
-    runs: dict[tuple[str, int], dict[int, dict[str, dict]]] = {}
+    its rows. Rows of another timing mode (``mode``: several layers per step, staggered
+    cursors) stay apart: a target judges its own mode's rows only."""
+    groups: dict[tuple[str, int, str], dict[str, dict]] = {}
+    runs: dict[tuple[str, int, str], dict[int, dict[str, dict]]] = {}
     kinds: dict[str, str] = {}
     for r in rows:
-        groups.setdefault((r["shape"], r["batch"]), {})[r["config"]] = r
-        runs.setdefault((r["shape"], r["batch"]), {}).setdefault(r.get("run", 0), {})[r["config"]] = r
+        key = (r["shape"], r["batch"], r.get("mode", ""))
+        groups.setdefault(key, {})[r["config"]] = r
+        runs.setdefault(key, {}).setdefault(r.get("run", 0), {})[r["config"]] = r
         kinds[r["shape"]] = r.get("kind", "")
     out = []
     for t in targets:
-        for (shape, batch), grp in sorted(groups.items()):
-            if not t.applies(batch, kinds[shape]):
+        for (shape, batch, mode), grp in sorted(groups.items()):
+            if not t.applies(batch, kinds[shape], mode):
                 continue
             if t.same_run:
-                by_run = runs[(shape, batch)]
+                by_run = runs[(shape, batch, mode)]
                 got = next(((g, by_run[k]) for g, k in ((t.measure(by_run[k]), k)
                                                         for k in sorted(by_run, reverse=True))
                             if g is not None), None)

@@ -14,8 +14,9 @@ step of the same shape, batch and run when the jobs hold one.
 A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a preset name,
 optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
 ``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
-``"window"``, ``"flush"`` or ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
-go to the verify, e.g. ``{"pdl": true}``).
+``"window"``, ``"flush"``, ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
+go to the verify, e.g. ``{"pdl": true}``) or ``"stagger"`` (the window average with the rows'
+cursors spread, so every step flushes a 1/L share of the rows: ``decode.py --stagger``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-MODES = ("window", "flush", "verify")
+MODES = ("window", "flush", "verify", "stagger")
 VERIFY_T = 8
 
 
@@ -42,7 +43,7 @@ def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
 
 _LINE = re.compile(r"^(?P<tag>\S+) B=(?P<batch>\d+) (?P<shape>\S+)\s+(?P<preset>\S+)\s+"
                    r"(?P<knobs>\{.*\})\s+(?:win\s+(?P<win>[\d.]+) nf\s+(?P<nf>[\d.]+) "
-                   r"fl\s+(?P<fl>[\d.]+)|(?P<mode>flush|verify)\s+(?P<flush>[\d.]+))\s*$")
+                   r"fl\s+(?P<fl>[\d.]+)|(?P<mode>flush|verify|stagger)\s+(?P<flush>[\d.]+))\s*$")
 
 
 def parse_log(path: str) -> dict[tuple, dict]:
@@ -154,6 +155,10 @@ def main(argv=None) -> int:
             t = measure_verify(SHAPES[s], args.batch, preset_config(c), VERIFY_T, args.reps,
                                device="cuda", **kw)
             print(f"{head} verify {t:8.1f}", flush=True)
+        elif mode == "stagger":
+            m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda",
+                        stagger=True, **kw)
+            print(f"{head} stagger {m['window_us']:8.1f}", flush=True)
         else:
             m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **kw)
             print(f"{head} win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "

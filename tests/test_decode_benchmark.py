@@ -185,13 +185,15 @@ def test_time_variants_log_keeps_modes_apart_and_averages_repeats(tmp_path):
     conv = "t B=256 qwen3.5-4b  fp32  {}  win  266.0 nf  266.0 fl  266.0"
     body = [conv, "t B=256 qwen3.5-4b  replay-fp32  {}  win  172.0 nf  160.0 fl  360.0",
             "t B=256 qwen3.5-4b  replay-fp32  {}  verify  250.0",
-            "t B=256 qwen3.5-4b  replay-fp32  {}  verify  260.0"]
+            "t B=256 qwen3.5-4b  replay-fp32  {}  verify  260.0",
+            "t B=256 qwen3.5-4b  replay-fp32  {}  stagger  180.0"]
     old, new = tmp_path / "old.log", tmp_path / "new.log"
     old.write_text("\n".join(body) + "\n")
     new.write_text("\n".join([conv, "t B=256 qwen3.5-4b  replay-fp32  {}  verify  240.0"]) + "\n")
     runs = mod.parse_log(str(old))
     assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "window")]["win"] == 172.0
     assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "verify")] == {"flush": 255.0, "n": 2}
+    assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "stagger")] == {"flush": 180.0, "n": 1}
     table = mod.compare(runs, mod.parse_log(str(new)))
     assert "| 256 | qwen3.5-4b | replay-fp32 | {} | verify | 255.0 | 240.0 | -5.9% | 1.04x | 1.11x |" in table
     assert "| window | 172.0 |" not in table  # the new log has no window of it
@@ -488,3 +490,107 @@ def test_hold_cycles_calibrates_once_per_device():
     fake.log.clear()
     assert mod.hold_cycles(10.0, cuda=fake) == int(10.0 * (1 << 21) / 1000.0)
     assert fake.log == []  # no second calibration
+
+
+def test_layer_count_holds_twice_the_l2():
+    """``--layers auto`` rotates through enough layers that their non-flush working sets hold
+    twice the L2 (at least one, at most MAX_LAYERS); an explicit count is kept, a count below
+    one refused, on the CLI too."""
+    from dataclasses import replace
+
+    from replayssm_quant.precision import ModelShape
+
+    mod = _module()
+    tiny = ModelShape("tiny-m", "mamba2", 4, 16, 32, 1)
+    w = mod.Workload(tiny, 2, replace(PRESETS["nvfp4-read/fp16-sr"], L=4), 4, device="cpu")
+    b = mod.working_set(w)
+    ckpt = w.cache.ckpt.data.numel() * w.cache.ckpt.data.element_size()
+    read = w.cache.read.data.numel() * w.cache.read.data.element_size()
+    assert read < b < ckpt < mod.cache_bytes(w)  # read copy and ring, not the checkpoint
+    conv = mod.Workload(tiny, 2, PRESETS["fp32"], 4, device="cpu")
+    assert mod.working_set(conv) == mod.cache_bytes(conv)  # read and written: the state once
+    assert mod.layer_count("auto", w, l2_bytes=10 * b) == 20
+    assert mod.layer_count("auto", w, l2_bytes=10 * b + 1) == 21
+    assert mod.layer_count("auto", w, l2_bytes=1) == 1
+    assert mod.layer_count("auto", w, l2_bytes=b * mod.MAX_LAYERS) == mod.MAX_LAYERS
+    assert mod.layer_count("auto", w, l2_bytes=0) == 1
+    assert mod.layer_count(3, w) == 3
+    with pytest.raises(ValueError, match="positive"):
+        mod.layer_count(0, w)
+    assert mod._layers_arg("auto") == "auto" and mod._layers_arg("5") == 5
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(Exception, match="positive count or 'auto'"):
+            mod._layers_arg(bad)
+
+
+def test_measure_runs_each_step_over_every_layer(monkeypatch):
+    """With several layers each step of the graph runs on every layer's own cache in turn, and
+    the time is per layer; staggered cursors spread the rows over the window and leave only the
+    window average (CPU dry run on a tiny shape)."""
+    from dataclasses import replace
+
+    from replayssm_quant.precision import ModelShape
+
+    mod = _module()
+    seen, cursors = [], []
+    real = mod.Workload.step
+
+    def step(self, i, **kw):
+        seen.append((id(self.cache), i, kw.get("advance", True)))
+        if i == 0:
+            cursors.append(self.cache.cursor.tolist())
+        return real(self, i, **kw)
+
+    monkeypatch.setattr(mod.Workload, "step", step)
+    tiny = ModelShape("tiny-m", "mamba2", 4, 16, 32, 1)
+    cfg = replace(PRESETS["nvfp4-read/fp16-sr"], L=2)
+    m = mod.measure(tiny, 3, cfg, 1, device="cpu", layers=3)
+    assert m["layers"] == 3 and m["window_us"] > 0 and m["flush_us"] > 0
+    assert len({c for c, _, _ in seen}) == 3
+    window = [(c, i) for c, i, adv in seen if adv]
+    for i in range(cfg.L):  # one window, every step index on all three layers, step by step
+        assert len({c for c, j in window if j == i}) == 3
+    assert [i for _, i in window[:6]] == [0, 0, 0, 1, 1, 1]
+    assert max(i for _, i in window) == cfg.L - 1
+    assert all(c == [0, 0, 0] for c in cursors)  # aligned: every row flushes on one step
+    seen.clear()
+    cursors.clear()
+    s = mod.measure(tiny, 3, cfg, 1, device="cpu", layers=2, stagger=True)
+    assert s["layers"] == 2 and s["window_us"] > 0
+    assert s["nonflush_us"] != s["nonflush_us"] and s["flush_us"] != s["flush_us"]  # NaN
+    assert cursors[0] == [0, 1, 0]  # row i at i mod L
+    assert not [1 for _, _, adv in seen if not adv]  # no separate flush graph
+    seen.clear()
+    conv = mod.measure(tiny, 3, PRESETS["fp32"], 1, device="cpu", layers=2)
+    assert conv["layers"] == 2 and conv["window_us"] == conv["flush_us"]
+    assert sorted({i for _, i, _ in seen}) == list(range(mod.LAYERED_CONV_STEPS))
+    assert mod.measure_verify(tiny, 2, cfg, 3, 1, device="cpu", layers=2) > 0
+
+
+def test_targets_judge_each_timing_mode_apart():
+    """Rows timed over several layers (decode.py --layers) feed the HBM batch-1 check only,
+    never the one-layer checks, and a one-layer sweep never feeds the HBM check."""
+    mod = _targets_module()
+    layered = [{**r, "mode": "layers"} for r in _sweep_rows(batch=1, replay_us=560.0)]
+    plain = _sweep_rows(batch=1, replay_us=450.0)
+    v = mod.evaluate(layered + plain)
+    by = {x.target: x for x in v}
+    assert set(by) == {"batch1-no-regression", "batch1-no-regression-hbm"}
+    assert by["batch1-no-regression"].met and not by["batch1-no-regression-hbm"].met
+    assert "replay-fp32 0.89" in by["batch1-no-regression-hbm"].detail
+    wide = [{**r, "mode": "layers"} for r in _sweep_rows()]
+    assert mod.evaluate(wide) == []  # no target judges layered batch-256 rows
+    md = mod.markdown(v)
+    assert "### batch1-no-regression-hbm" in md
+
+
+def test_decode_markdown_names_the_layers():
+    """A layered sweep's decode.md says so and gives each row's layer count."""
+    mod = _module()
+    rows = [{**r, "layers": 30 if r["config"] == "fp32" else 70} for r in _sweep_rows(batch=1)]
+    meta = dict(device="test", copy_bandwidth=4.2e12, torch="t", triton="t", argv=["decode.py"],
+                layers="auto")
+    md = mod.markdown_table(rows, meta)
+    assert "`--layers auto`" in md and "| fp32 | 500.0 |" in md and md.count(" 70 |") == 3
+    plain = mod.markdown_table(_sweep_rows(batch=1), dict(meta, layers=1))
+    assert "layers" not in plain
