@@ -17,6 +17,7 @@ optionally with another window length as in ``decode.py``'s rows (``replay-fp32@
 ``"window"``, ``"flush"``, ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
 go to the verify, e.g. ``{"pdl": true}``) or ``"stagger"`` (the window average with the rows'
 cursors spread, so every step flushes a 1/L share of the rows: ``decode.py --stagger``).
+``--layers`` runs each step over several layers' caches, as ``decode.py --layers`` does.
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--layers", default="1",
+                    help="layers each step runs over in turn, as decode.py --layers ('auto': "
+                         "enough that every state comes from HBM); window, stagger and verify "
+                         "jobs only")
     ap.add_argument("--resident", action="store_true",
                     help="afterwards, print the resident programs per SM each persistent flush "
                          "kernel was launched with (one line per specialization)")
@@ -125,6 +130,12 @@ def main(argv=None) -> int:
     if not args.jobs:
         ap.error("--jobs is required unless --compare is given")
     jobs = load_jobs(args.jobs)
+    layers = args.layers if args.layers == "auto" else (int(args.layers) if args.layers.isdigit() else 0)
+    if layers == 0:
+        ap.error(f"--layers: expected a positive count or 'auto', not {args.layers!r}")
+    lay = {} if layers == 1 else {"layers": layers}  # an older checkout's measure has no layers
+    if lay and any(mode == "flush" for *_, mode in jobs):
+        ap.error("--layers applies to window, stagger and verify jobs; a flush job times one layer")
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     sys.path.insert(0, str(root / "benchmarks"))
@@ -153,14 +164,15 @@ def main(argv=None) -> int:
             print(f"{head} flush {t:8.1f}", flush=True)
         elif mode == "verify":
             t = measure_verify(SHAPES[s], args.batch, preset_config(c), VERIFY_T, args.reps,
-                               device="cuda", **kw)
+                               device="cuda", **lay, **kw)
             print(f"{head} verify {t:8.1f}", flush=True)
         elif mode == "stagger":
             m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda",
-                        stagger=True, **kw)
+                        stagger=True, **lay, **kw)
             print(f"{head} stagger {m['window_us']:8.1f}", flush=True)
         else:
-            m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **kw)
+            m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda", **lay,
+                        **kw)
             print(f"{head} win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "
                   f"fl {m['flush_us']:8.1f}", flush=True)
     if args.resident:

@@ -48,7 +48,7 @@ def test_byte_bound_column():
     assert lines[3].endswith("| - |")
 
 
-def test_time_variants_jobs_files(tmp_path):
+def test_time_variants_jobs_files(tmp_path, capsys):
     """benchmarks/time_variants.py reads the committed jobs files and rejects malformed jobs
     with a message instead of a traceback."""
     import json
@@ -64,7 +64,8 @@ def test_time_variants_jobs_files(tmp_path):
                  "tune_r90_jobs_batch1.json", "tune_r92_jobs_one_launch.json",
                  "tune_r94_jobs_batch1.json", "tune_r97_jobs_batch1.json",
                  "tune_r97_jobs_batch4.json", "tune_r99_jobs_evict.json",
-                 "tune_r101_jobs_batch1.json", "tune_r101_jobs_batch4.json"):
+                 "tune_r101_jobs_batch1.json", "tune_r101_jobs_batch4.json",
+                 "tune_r198_jobs_stagger.json", "tune_r199_jobs_stagger_pdl.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
         assert jobs and all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
     assert mod.preset_config("replay-fp32@L8").L == 8
@@ -78,6 +79,16 @@ def test_time_variants_jobs_files(tmp_path):
     tmp.write_text(json.dumps(rows))
     with pytest.raises(SystemExit, match="job 0 must be"):
         mod.load_jobs(str(tmp))
+    good = ROOT / "reports" / "kernels" / "tune_r198_jobs_stagger.json"
+    for bad in ("0", "two"):  # refused before anything is timed
+        with pytest.raises(SystemExit):
+            mod.main(["--jobs", str(good), "--layers", bad])
+        assert "positive count or 'auto'" in capsys.readouterr().err
+    flush = tmp_path / "flush.json"
+    flush.write_text(json.dumps([["qwen3.5-4b", "replay-fp32", {}, "flush"]]))
+    with pytest.raises(SystemExit):
+        mod.main(["--jobs", str(flush), "--layers", "auto"])
+    assert "a flush job times one layer" in capsys.readouterr().err
 
 
 def test_process_state_probe_on_tiny_shapes(monkeypatch):
