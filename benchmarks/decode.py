@@ -169,10 +169,10 @@ class Workload:
     """A layer's cache plus L steps of fresh random inputs for one (shape, batch, config)."""
 
     def __init__(self, shape: ModelShape, batch: int, cfg, steps: int, spec: int = 0,
-                 device: str = "cuda"):
+                 device: str = "cuda", slots: torch.Tensor | None = None):
         self.shape, self.batch, self.cfg = shape, batch, cfg
         dev = device
-        self.slots = torch.arange(batch, dtype=torch.int32, device=dev)
+        self.slots = torch.arange(batch, dtype=torch.int32, device=dev) if slots is None else slots
         H, P, N, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
         if shape.kind == "mamba2":
             self.cache = alloc_mamba2_cache(cfg, batch, H, P, N, G, spec_tokens=spec,
@@ -256,11 +256,13 @@ def layer_count(layers: int | str, w: Workload, l2_bytes: int | None = None) -> 
 def workloads(shape: ModelShape, batch: int, cfg, steps: int, layers: int | str = 1,
               device: str = "cuda", **kw) -> list[Workload]:
     """The caches of ``layer_count(layers)`` layers, each with its own random state and
-    inputs (``kw``: ``Workload``'s ``spec``)."""
+    inputs (``kw``: ``Workload``'s ``spec``). The layers share one slots tensor, as a
+    served model's layers share the step's state indices (vLLM's metadata builder makes one
+    per step), so only the first layer's step fetches it from HBM."""
     first = Workload(shape, batch, cfg, steps=steps, device=device, **kw)
     n = layer_count(layers, first)
-    return [first] + [Workload(shape, batch, cfg, steps=steps, device=device, **kw)
-                      for _ in range(n - 1)]
+    return [first] + [Workload(shape, batch, cfg, steps=steps, device=device, slots=first.slots,
+                               **kw) for _ in range(n - 1)]
 
 
 def stagger_cursors(w: Workload) -> None:
@@ -354,13 +356,17 @@ def measure_verify(shape: ModelShape, batch: int, cfg, T: int, reps: int,
     return time_graph(fn, reps, repeat=repeat) / len(ws) * 1e6
 
 
-def measure_fla(shape: ModelShape, batch: int, reps: int, layers: int = 1) -> float | None:
+def measure_fla(shape: ModelShape, batch: int, reps: int, layers: int | str = 1) -> float | None:
     """FLA's fused recurrent GDN decode (one token, FP32 state in vLLM's (V, K) layout), per
-    layer over ``layers`` states in turn (``layer_count`` gives the count)."""
+    layer over ``layers`` states in turn: a count, or ``"auto"`` for as many as our
+    conventional FP32 step of the same state takes (``layer_count``)."""
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     except Exception:  # noqa: BLE001 - a peer that is not installed is skipped
         return None
+    if layers == "auto":
+        layers = layer_count(layers, Workload(shape, batch, PRESETS["fp32"], steps=1))
+    steps_per_layer = CONV_STEPS if layers == 1 else LAYERED_CONV_STEPS
     H, V, K, G = shape.heads, shape.head_dim, shape.d_state, shape.groups
     dev = "cuda"
     nrm = torch.nn.functional.normalize
@@ -372,13 +378,13 @@ def measure_fla(shape: ModelShape, batch: int, reps: int, layers: int = 1) -> fl
     h0s = [torch.randn(batch, H, V, K, device=dev) * 0.05 for _ in range(layers)]
 
     def steps():
-        for _ in range(CONV_STEPS):
+        for _ in range(steps_per_layer):
             for h0 in h0s:
                 fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=K**-0.5,
                                                  initial_state=h0, output_final_state=True,
                                                  state_v_first=True)
 
-    return time_graph(steps, reps) / (CONV_STEPS * layers) * 1e6
+    return time_graph(steps, reps) / (steps_per_layer * layers) * 1e6
 
 
 VERIFY_CONFIGS = ("replay-fp32", "nvfp4-read/fp16-sr")  # speculative verify rows (L = 16)

@@ -15,8 +15,10 @@ A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a 
 optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
 ``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
 ``"window"``, ``"flush"``, ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
-go to the verify, e.g. ``{"pdl": true}``) or ``"stagger"`` (the window average with the rows'
-cursors spread, so every step flushes a 1/L share of the rows: ``decode.py --stagger``).
+go to the verify, e.g. ``{"pdl": true}``), ``"stagger"`` (the window average with the rows'
+cursors spread, so every step flushes a 1/L share of the rows: ``decode.py --stagger``) or
+``"fla"`` (FLA's fused recurrent decode of the shape's FP32 state, the peer of a GDN ``fp32``
+job: preset ``fp32``, no knobs).
 ``--layers`` runs each step over several layers' caches, as ``decode.py --layers`` does.
 """
 
@@ -28,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-MODES = ("window", "flush", "verify", "stagger")
+MODES = ("window", "flush", "verify", "stagger", "fla")
 VERIFY_T = 8
 
 
@@ -38,18 +40,20 @@ def load_jobs(path: str) -> list[tuple[str, str, dict, str]]:
     for i, job in enumerate(json.loads(Path(path).read_text())):
         if len(job) != 4 or job[3] not in MODES or not isinstance(job[2], dict):
             raise SystemExit(f"{path}: job {i} must be [shape, preset, knobs, mode in {MODES}]")
+        if job[3] == "fla" and (job[1] != "fp32" or job[2]):
+            raise SystemExit(f"{path}: job {i}: an fla job takes preset 'fp32' and no knobs")
         jobs.append(tuple(job))
     return jobs
 
 
 _LINE = re.compile(r"^(?P<tag>\S+) B=(?P<batch>\d+) (?P<shape>\S+)\s+(?P<preset>\S+)\s+"
                    r"(?P<knobs>\{.*\})\s+(?:win\s+(?P<win>[\d.]+) nf\s+(?P<nf>[\d.]+) "
-                   r"fl\s+(?P<fl>[\d.]+)|(?P<mode>flush|verify|stagger)\s+(?P<flush>[\d.]+))\s*$")
+                   r"fl\s+(?P<fl>[\d.]+)|(?P<mode>flush|verify|stagger|fla)\s+(?P<flush>[\d.]+))\s*$")
 
 
 def parse_log(path: str) -> dict[tuple, dict]:
     """The timed lines of a log this script wrote, keyed by (batch, shape, preset, knobs,
-    mode): ``win``, ``nf``, ``fl`` in us for a window, ``flush`` for a flush or a verify,
+    mode): ``win``, ``nf``, ``fl`` in us for a window, ``flush`` for any other mode,
     each the mean over the log's repeats of that variant, and ``n`` the repeats; other lines
     (compile and copy-bandwidth lines, comments) are skipped."""
     runs: dict[tuple, list[dict]] = {}
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     sys.path.insert(0, str(root / "benchmarks"))
-    from decode import copy_bandwidth, measure, measure_flush, measure_verify, precompile
+    from decode import copy_bandwidth, measure, measure_fla, measure_flush, measure_verify, precompile
 
     from replayssm_quant.precision import SHAPES
 
@@ -153,9 +157,12 @@ def main(argv=None) -> int:
     unknown = [j for j in jobs if j[0] not in SHAPES or not known(j[1])]
     if unknown:
         raise SystemExit(f"unknown shape or preset in {unknown}")
+    not_gdn = [j for j in jobs if j[3] == "fla" and SHAPES[j[0]].kind != "gdn"]
+    if not_gdn:
+        raise SystemExit(f"fla jobs need a GDN shape: {not_gdn}")
     precompile([(s, preset_config(c), {"verify": kw} if mode == "verify" else kw,
-                 VERIFY_T if mode == "verify" else 0, "cuda") for s, c, kw, mode in jobs],
-               args.workers)
+                 VERIFY_T if mode == "verify" else 0, "cuda") for s, c, kw, mode in jobs
+                if mode != "fla"], args.workers)
     print(f"{args.tag} copy {copy_bandwidth() / 1e12:.3f} TB/s", flush=True)
     for s, c, kw, mode in jobs:
         head = f"{args.tag} B={args.batch} {s:22s} {c:20s} {json.dumps(kw):50s}"
@@ -166,6 +173,12 @@ def main(argv=None) -> int:
             t = measure_verify(SHAPES[s], args.batch, preset_config(c), VERIFY_T, args.reps,
                                device="cuda", **lay, **kw)
             print(f"{head} verify {t:8.1f}", flush=True)
+        elif mode == "fla":
+            t = measure_fla(SHAPES[s], args.batch, args.reps, layers=layers)
+            if t is None:
+                print(f"{head} fla not installed", flush=True)
+            else:
+                print(f"{head} fla {t:8.1f}", flush=True)
         elif mode == "stagger":
             m = measure(SHAPES[s], args.batch, preset_config(c), args.reps, device="cuda",
                         stagger=True, **lay, **kw)

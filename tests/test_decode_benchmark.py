@@ -65,7 +65,10 @@ def test_time_variants_jobs_files(tmp_path, capsys):
                  "tune_r94_jobs_batch1.json", "tune_r97_jobs_batch1.json",
                  "tune_r97_jobs_batch4.json", "tune_r99_jobs_evict.json",
                  "tune_r101_jobs_batch1.json", "tune_r101_jobs_batch4.json",
-                 "tune_r198_jobs_stagger.json", "tune_r199_jobs_stagger_pdl.json"):
+                 "tune_r198_jobs_stagger.json", "tune_r199_jobs_stagger_pdl.json",
+                 "tune_r201_jobs_b1_conv.json", "tune_r202_jobs_conv_b1.json",
+                 "tune_r202_jobs_conv_b256.json", "tune_r203_jobs_conv_advance.json",
+                 "tune_r204_jobs_conv_counters.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
         assert jobs and all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
     assert mod.preset_config("replay-fp32@L8").L == 8
@@ -89,6 +92,16 @@ def test_time_variants_jobs_files(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mod.main(["--jobs", str(flush), "--layers", "auto"])
     assert "a flush job times one layer" in capsys.readouterr().err
+    for job, msg in ((["qwen3.5-4b", "replay-fp32", {}, "fla"], "takes preset 'fp32'"),
+                     (["qwen3.5-4b", "fp32", {"block_v": 8}, "fla"], "takes preset 'fp32'")):
+        bad_fla = tmp_path / "fla.json"
+        bad_fla.write_text(json.dumps([job]))
+        with pytest.raises(SystemExit, match=msg):
+            mod.load_jobs(str(bad_fla))
+    fla_m2 = tmp_path / "fla_m2.json"
+    fla_m2.write_text(json.dumps([["nemotron-3-super-120b", "fp32", {}, "fla"]]))
+    with pytest.raises(SystemExit, match="fla jobs need a GDN shape"):
+        mod.main(["--jobs", str(fla_m2)])
 
 
 def test_process_state_probe_on_tiny_shapes(monkeypatch):
@@ -197,7 +210,8 @@ def test_time_variants_log_keeps_modes_apart_and_averages_repeats(tmp_path):
     body = [conv, "t B=256 qwen3.5-4b  replay-fp32  {}  win  172.0 nf  160.0 fl  360.0",
             "t B=256 qwen3.5-4b  replay-fp32  {}  verify  250.0",
             "t B=256 qwen3.5-4b  replay-fp32  {}  verify  260.0",
-            "t B=256 qwen3.5-4b  replay-fp32  {}  stagger  180.0"]
+            "t B=256 qwen3.5-4b  replay-fp32  {}  stagger  180.0",
+            "t B=256 qwen3.5-4b  fp32  {}  fla  250.0"]
     old, new = tmp_path / "old.log", tmp_path / "new.log"
     old.write_text("\n".join(body) + "\n")
     new.write_text("\n".join([conv, "t B=256 qwen3.5-4b  replay-fp32  {}  verify  240.0"]) + "\n")
@@ -205,6 +219,7 @@ def test_time_variants_log_keeps_modes_apart_and_averages_repeats(tmp_path):
     assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "window")]["win"] == 172.0
     assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "verify")] == {"flush": 255.0, "n": 2}
     assert runs[(256, "qwen3.5-4b", "replay-fp32", "{}", "stagger")] == {"flush": 180.0, "n": 1}
+    assert runs[(256, "qwen3.5-4b", "fp32", "{}", "fla")] == {"flush": 250.0, "n": 1}
     table = mod.compare(runs, mod.parse_log(str(new)))
     assert "| 256 | qwen3.5-4b | replay-fp32 | {} | verify | 255.0 | 240.0 | -5.9% | 1.04x | 1.11x |" in table
     assert "| window | 172.0 |" not in table  # the new log has no window of it
@@ -546,8 +561,11 @@ def test_measure_runs_each_step_over_every_layer(monkeypatch):
     seen, cursors = [], []
     real = mod.Workload.step
 
+    slots = set()
+
     def step(self, i, **kw):
         seen.append((id(self.cache), i, kw.get("advance", True)))
+        slots.add(self.slots.data_ptr())
         if i == 0:
             cursors.append(self.cache.cursor.tolist())
         return real(self, i, **kw)
@@ -558,6 +576,7 @@ def test_measure_runs_each_step_over_every_layer(monkeypatch):
     m = mod.measure(tiny, 3, cfg, 1, device="cpu", layers=3)
     assert m["layers"] == 3 and m["window_us"] > 0 and m["flush_us"] > 0
     assert len({c for c, _, _ in seen}) == 3
+    assert len(slots) == 1  # one slots tensor for every layer, as a served step has
     window = [(c, i) for c, i, adv in seen if adv]
     for i in range(cfg.L):  # one window, every step index on all three layers, step by step
         assert len({c for c, j in window if j == i}) == 3
