@@ -119,9 +119,12 @@ def test_h200_defaults_are_the_measured_ones():
     one = step_plan("qwen3.5-122b", "nvfp4-read/fp16-sr", 1)
     assert one.one_launch and one.flush is None and one.rows == 8 and one.fused_prep
     assert [ln["kernel"] for ln in one.launches()] == ["_gdn_nonflush_kernel"]
-    conv = step_plan("qwen3.5-4b", "fp32", 256)
-    assert [ln["kernel"] for ln in conv.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
-    assert step_plan("qwen3.5-4b", "fp32", 1).ticket  # the conventional step, one launch
+    conv = step_plan("qwen3.5-4b", "fp32", 256)  # no SR: no counters, so no advance
+    assert [ln["kernel"] for ln in conv.launches()] == ["_gdn_conv_kernel"]
+    assert not step_plan("qwen3.5-4b", "fp32", 1).ticket and not conv.separate_advance
+    sr = step_plan("qwen3.5-4b", "fp16-sr", 256)  # the flush index is the SR key
+    assert [ln["kernel"] for ln in sr.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
+    assert step_plan("qwen3.5-4b", "fp16-sr", 1).ticket  # the conventional step, one launch
     # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
     a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")
@@ -170,7 +173,8 @@ def test_plan_summary_names_every_launch():
         "prep 1024 | nonflush 8192x(32x128) w1 pdl | flush (16x128) w1 dot bf16x3 s2 tma pdl")
     assert step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 256).summary().startswith(
         "prep 2048 | nonflush 24576x(64+16x128) w1 pdl | flush (4x128) w1 records ieee s-")
-    assert step_plan("qwen3.5-4b", "fp32", 256).summary() == "conv 65536x(16x128) w1 | advance 1"
+    assert step_plan("qwen3.5-4b", "fp32", 256).summary() == "conv 65536x(16x128) w1"
+    assert step_plan("qwen3.5-4b", "fp16-sr", 256).summary() == "conv 131072x(8x128) w2 | advance 1"
     assert step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 1).summary() == "nonflush+flush 512x(8x128) w1"
 
 

@@ -52,10 +52,11 @@ class ReplayCache:
 
     ``ring`` maps names to ring tensors (Mamba-2: ``x``, ``dt``, ``B``; GDN: ``k``, ``u``,
     ``g`` and, when the flush recomputes u, ``v``, ``beta``). ``cursor`` counts committed
-    records since the checkpoint; ``flush_index`` counts checkpoint writes (SR key);
-    ``nan_count`` accumulates NaNs written to the state; ``ticket`` counts the finished
-    programs of each slot in a one-launch step, whose last program advances the slot's
-    cursor (``kernels.mamba2.finish_row``).
+    records since the checkpoint; ``flush_index`` counts checkpoint writes (SR key; a
+    conventional config without SR keeps no count, ``keeps_counters``); ``nan_count``
+    accumulates NaNs written to the state; ``ticket`` counts the finished programs of each
+    slot in a one-launch step, whose last program advances the slot's cursor
+    (``kernels.mamba2.finish_row``).
     """
 
     cfg: PrecisionConfig

@@ -56,6 +56,7 @@ from .mamba2 import (
     flush_list,
     fold_precision,
     fused_prep_default,
+    keeps_counters,
     pdl_edges_of,
     prep_groups_default,
     reads_narrow_copy,
@@ -757,6 +758,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, flush_maxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
+    advance = advance and keeps_counters(cfg, capacity)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
     kb, kw = gdn_step_knobs(cfg, V)

@@ -280,7 +280,8 @@ def _conventional_rows(state: GDNState, inp: _Inputs) -> torch.Tensor:
     u = inp.beta[..., None] * (inp.v - a * sk)
     S_t = a[..., None] * S + u[..., None] * inp.k[:, :, None, :]
     o = (S_t @ inp.q[..., None]).squeeze(-1)
-    state.flush_index[inp.slots] += 1
+    if state.cfg.uses_sr:  # the SR key; a write rounded to nearest needs none
+        state.flush_index[inp.slots] += 1
     write_checkpoint(state, inp.slots, S_t)
     return o
 

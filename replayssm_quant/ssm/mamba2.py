@@ -243,7 +243,8 @@ def _conventional_rows(state: Mamba2State, inp: _Inputs) -> torch.Tensor:
     dx = inp.dt[..., None] * inp.x  # (n, H, P)
     S_t = a[..., None, None] * S + dx[..., None] * expand_heads(inp.Bm, H)[:, :, None, :]
     y = (S_t @ expand_heads(inp.C, H)[..., None]).squeeze(-1) + _skip(inp, inp.x)
-    state.flush_index[inp.slots] += 1
+    if state.cfg.uses_sr:  # the SR key; a write rounded to nearest needs none
+        state.flush_index[inp.slots] += 1
     write_checkpoint(state, inp.slots, S_t)
     return y
 

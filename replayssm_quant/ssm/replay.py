@@ -50,7 +50,9 @@ class ReplayState:
     ``layer`` and ``seed`` key the stochastic rounding. ``sr_sequence[slot]`` is the SR
     ``sequence`` key of a slot: the slot index unless an emulator maps slots elsewhere.
     ``flush_index[slot]`` counts checkpoint writes since :func:`load_state` (which writes flush
-    0; every later write increments it first). ``nan_count`` accumulates the NaNs of every
+    0; every later write increments it first). It is the SR key, so a conventional config
+    that rounds to nearest keeps it at 0: its writes take no key, and its kernels skip the
+    count's atomics and launch. ``nan_count`` accumulates the NaNs of every
     checkpoint write (the read copy is derived from the checkpoint, so it is not counted
     twice). ``drafted[slot]`` is the number of draft records the last ``verify`` appended,
     the most a ``commit`` may accept.
