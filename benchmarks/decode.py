@@ -394,19 +394,20 @@ COMPILE_BATCHES = (1, 64)  # the launch sets and tiles of small and serving batc
 
 
 def compile_job(job: tuple) -> tuple:
-    """Worker: compile one (shape, config, launch knobs) by running a window of steps at
-    batch 1 and at batch 64 (one launch per step with batch-1 tiles, and the separate
-    launches with serving tiles; ``COMPILE_BATCHES``), and a verify of T drafts when T > 0,
-    so Triton's on-disk cache serves the main process; ``kw = {"verify": knobs}`` compiles
-    only a verify with those knobs)."""
-    sname, cfg, kw, T, device = job
+    """Worker: compile one (shape, config, launch knobs[, batches]) by running a window of
+    steps at each batch of ``batches`` (default ``COMPILE_BATCHES``: batch 1 and 64, one
+    launch per step with batch-1 tiles, and the separate launches with serving tiles), and a
+    verify of T drafts when T > 0, so Triton's on-disk cache serves the main process;
+    ``kw = {"verify": knobs}`` compiles only a verify with those knobs)."""
+    sname, cfg, kw, T, device, *rest = job
+    batches = rest[0] if rest else COMPILE_BATCHES
     t = time.time()
     try:
         shape = SHAPES[sname]
         if "verify" in kw:  # verify launch knobs only
             measure_verify(shape, 2, cfg, T, 1, device=device, **kw["verify"])
         else:
-            for batch in COMPILE_BATCHES:
+            for batch in batches:
                 w = Workload(shape, batch, cfg, steps=max(cfg.L, 2), device=device)
                 for i in range(max(cfg.L, 1)):
                     w.step(i, **kw)
@@ -420,11 +421,21 @@ def compile_job(job: tuple) -> tuple:
         return job, time.time() - t, f"{type(e).__name__}: {e}"[:300]
 
 
-def precompile(jobs: list, workers: int) -> None:
-    """Compile every job's kernels in parallel worker processes."""
+def compile_batches(batches) -> tuple[int, ...]:
+    """The batches to compile a sweep's steps at: ``COMPILE_BATCHES`` and every smaller timed
+    batch, whose one-launch tiles batch 1's need not share (batch 4's compiled in the main
+    process, one after another, and some took minutes: reports/kernels/tune_r210_*.log)."""
+    return tuple(sorted(set(COMPILE_BATCHES) | {b for b in batches if b < max(COMPILE_BATCHES)}))
+
+
+def precompile(jobs: list, workers: int, batches=None) -> None:
+    """Compile every job's kernels in parallel worker processes, at ``batches`` (default
+    ``COMPILE_BATCHES``)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
+    if batches is not None:
+        jobs = [(*j[:5], tuple(batches)) for j in jobs]
     t = time.time()
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -486,7 +497,7 @@ def main(argv=None) -> int:
         cfgs = [c for c in cfgs if c.label in args.configs or c.label.split("@")[0] in args.configs]
     vcfgs = [c for c in cfgs if c.label in VERIFY_CONFIGS] if args.verify_T else []
     precompile([(s, c, {}, args.verify_T if c in vcfgs else 0, "cuda")
-                for s in args.shapes for c in cfgs], args.workers)
+                for s in args.shapes for c in cfgs], args.workers, compile_batches(args.batch))
     bw = copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)

@@ -28,6 +28,7 @@ import argparse
 import json
 import re
 import sys
+from inspect import signature
 from pathlib import Path
 
 MODES = ("window", "flush", "verify", "stagger", "fla")
@@ -160,9 +161,12 @@ def main(argv=None) -> int:
     not_gdn = [j for j in jobs if j[3] == "fla" and SHAPES[j[0]].kind != "gdn"]
     if not_gdn:
         raise SystemExit(f"fla jobs need a GDN shape: {not_gdn}")
+    # compiled at the timed batch, whose tiles may differ from batch 1's and 64's; an older
+    # checkout's precompile (--root) takes no batches
+    at = {"batches": (args.batch,)} if "batches" in signature(precompile).parameters else {}
     precompile([(s, preset_config(c), {"verify": kw} if mode == "verify" else kw,
                  VERIFY_T if mode == "verify" else 0, "cuda") for s, c, kw, mode in jobs
-                if mode != "fla"], args.workers)
+                if mode != "fla"], args.workers, **at)
     print(f"{args.tag} copy {copy_bandwidth() / 1e12:.3f} TB/s", flush=True)
     for s, c, kw, mode in jobs:
         head = f"{args.tag} B={args.batch} {s:22s} {c:20s} {json.dumps(kw):50s}"

@@ -624,3 +624,46 @@ def test_decode_markdown_names_the_layers():
     assert "`--layers auto`" in md and "| fp32 | 500.0 |" in md and md.count(" 70 |") == 3
     plain = mod.markdown_table(_sweep_rows(batch=1), dict(meta, layers=1))
     assert "layers" not in plain
+
+
+def test_precompile_covers_every_small_timed_batch(monkeypatch):
+    """A sweep compiles its steps at batch 1, 64 and every smaller timed batch (batch 4's
+    one-launch tiles are not batch 1's), so the main process finds them in Triton's cache;
+    a job without batches keeps the default ones."""
+    mod = _module()
+    assert mod.compile_batches([256, 1, 64, 512]) == (1, 64)
+    assert mod.compile_batches([4, 256, 2]) == (1, 2, 4, 64)
+    seen = []
+
+    def fake_compile(job):
+        seen.append(job)
+        return job, 0.0, None
+
+    monkeypatch.setattr(mod, "compile_job", fake_compile)
+    job = ("qwen3.5-4b", PRESETS["replay-fp32"], {}, 0, "cpu")
+    mod.precompile([job], 1, batches=(4,))
+    mod.precompile([job], 1)
+    assert seen[0] == (*job, (4,)) and seen[1] == job
+
+
+def test_compile_job_runs_a_window_at_each_batch(monkeypatch):
+    """``compile_job`` runs a window of steps at each batch its job names, else at
+    ``COMPILE_BATCHES``; an error comes back as text for the main process to report."""
+    mod = _module()
+    made = []
+
+    class FakeWorkload:
+        def __init__(self, shape, batch, cfg, steps, device):
+            made.append(batch)
+
+        def step(self, i, **kw):
+            if kw.get("boom"):
+                raise ValueError("bad knob")
+
+    monkeypatch.setattr(mod, "Workload", FakeWorkload)
+    cfg = PRESETS["replay-fp32"]
+    assert mod.compile_job(("qwen3.5-4b", cfg, {}, 0, "cpu", (2, 4)))[2] is None
+    assert made == [2, 4]
+    mod.compile_job(("qwen3.5-4b", cfg, {}, 0, "cpu"))
+    assert made[2:] == list(mod.COMPILE_BATCHES)
+    assert "bad knob" in mod.compile_job(("qwen3.5-4b", cfg, {"boom": True}, 0, "cpu"))[2]

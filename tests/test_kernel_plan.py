@@ -125,6 +125,14 @@ def test_h200_defaults_are_the_measured_ones():
     sr = step_plan("qwen3.5-4b", "fp16-sr", 256)  # the flush index is the SR key
     assert [ln["kernel"] for ln in sr.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
     assert step_plan("qwen3.5-4b", "fp16-sr", 1).ticket  # the conventional step, one launch
+    # early loads: a Mamba-2 step reading fp32 at batch 1 only
+    assert step_plan("nemotron-3-super", "replay-fp32", 1).early_loads
+    assert step_plan("nemotron-3-super", "replay-fp32", 1).launches()[0]["knobs"]["early_loads"]
+    assert not any(step_plan(s, c, b).early_loads for s, c, b in (
+        ("nemotron-3-super", "replay-fp32", 4), ("nemotron-3-super", "nvfp4-read/fp32", 1),
+        ("nemotron-3-super", "shared-fp8", 1), ("nemotron-3-super", "fp32", 1),
+        ("qwen3.5-4b", "replay-fp32", 1)))
+    assert not step_plan("nemotron-3-super", "replay-fp32", 1, early_loads=False).early_loads
     # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
     a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")

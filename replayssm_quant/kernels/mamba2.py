@@ -630,10 +630,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     launches with programmatic dependent launch, so each starts while the launch before it
     still runs; ``"prep"`` / ``"flush"`` name one of the two edges. ``early_loads=True``
     issues the non-flush output's loads before the cursor arrives, reading every ring
-    record (``ring_records``); off by default: at batch 1 (one launch) it took 0.2-0.4 us off
-    the GDN NVFP4 / fp8 non-flush steps but added 1.1-3.2 us to every flush step, whose
-    programs then also form the discarded non-flush output
-    (reports/kernels/tune_r111_early_b1.log). ``prep_groups`` (default
+    record (``ring_records``); default ``early_loads_default``. ``prep_groups`` (default
     ``prep_groups_default``) sets the groups per ring-products program. ``flush_tma`` moves
     an fp32 checkpoint's flush tiles through the tensor memory accelerator (default: where
     it applies, ``common.resolve_flush_tma``).
@@ -719,7 +716,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                      maxnreg: int | None = None, flush_maxnreg: int | None = None,
                      whole_head: bool | None = None, one_launch: bool | None = None,
                      nvfp4_decode: str | None = None, pdl: bool | str | None = None,
-                     early_loads: bool = False, prep_groups: int | None = None,
+                     early_loads: bool | None = None, prep_groups: int | None = None,
                      flush_tma: bool | None = None) -> StepPlan:
     """The launches of ``mamba2_decode_step`` for H heads of P rows x N state columns in G
     groups, ring capacity ``capacity`` (0: conventional), ``batch`` rows on ``target``, with
@@ -739,6 +736,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     advance = advance and keeps_counters(cfg, capacity)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
+    if early_loads is None:
+        early_loads = early_loads_default(cfg, batch, ol)
     kb, kw = mamba2_step_knobs(cfg, P, N)
     BP = block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
     BP2 = 0
@@ -913,6 +912,21 @@ def whole_head_default(cfg, one_launch: bool = False) -> bool:
       programs sooner (632 -> 600 us at 256), and the non-flush step is faster too (271.9 ->
       266.4 us) (tune_r132_nano_whole_head*.log)."""
     return cfg.L > 1 and (reads_narrow_copy(cfg) or not one_launch)
+
+
+def early_loads_default(cfg, batch: int, one_launch: bool) -> bool:
+    """Whether a Mamba-2 non-flush step issues its output's loads before its cursor arrives
+    (``early_loads``) by default, measured on the H200: a one-launch step at batch 1 that
+    reads an fp32 state (``replay-fp32``), where the loads of the state, the ring and the
+    cursor then overlap. With every state from HBM its window went 5.5 -> 5.3 us on
+    Nemotron-3-Super and 5.6 -> 5.1 on Nano-4B (L = 16), 5.8 -> 5.3 and 5.7 -> 5.2 (L = 8);
+    from L2 4.3 -> 4.4, 4.3 -> 4.2, 4.5 -> 4.3, 4.4 -> 4.1
+    (reports/kernels/tune_r207_mamba2_early.log). A step reading an fp8 / NVFP4 copy keeps
+    its loads after the cursor: its flush steps, whose programs also form the discarded
+    non-flush output, took 0.2-2.2 us longer (1.1-1.4 for most), so its windows gained
+    nothing (-0.2 to +0.3 us). Batches 2-4 are not fully measured with it
+    (tune_r210_mamba2_early_b4.log)."""
+    return one_launch and batch == 1 and (cfg.read or cfg.ckpt).name == "fp32"
 
 
 def reads_narrow_copy(cfg) -> bool:
