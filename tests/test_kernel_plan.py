@@ -125,6 +125,18 @@ def test_h200_defaults_are_the_measured_ones():
     sr = step_plan("qwen3.5-4b", "fp16-sr", 256)  # the flush index is the SR key
     assert [ln["kernel"] for ln in sr.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
     assert step_plan("qwen3.5-4b", "fp16-sr", 1).ticket  # the conventional step, one launch
+    # one launch at batch 2 on every paper shape; at batch 4 only where the step's state is
+    # small enough to flush serially (Qwen3.5-4B) or the flush is GDN's plain fp32 one
+    assert all(step_plan(s, "nvfp4-read/fp16-sr", 2).one_launch for s in (
+        "nemotron-3-super", "nemotron-3-nano-4b", "qwen3.5-4b", "qwen3.5-122b"))
+    assert step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 4).one_launch
+    assert not any(step_plan(s, c, 4).one_launch for s, c in (
+        ("nemotron-3-super", "nvfp4-read/fp16-sr"), ("nemotron-3-nano-4b", "shared-fp8"),
+        ("nemotron-3-super", "replay-fp32"), ("qwen3.5-122b", "fp8-read/fp32")))
+    b4 = step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 4)
+    assert b4.flush is not None and b4.fused_prep and [ln["launch"] for ln in b4.launches()] == [
+        "non-flush step", "flush (persistent)"]
+    assert step_plan("qwen3.5-122b", "replay-fp32", 4).one_launch
     # early loads: a Mamba-2 step reading fp32 at batch 1 only
     assert step_plan("nemotron-3-super", "replay-fp32", 1).early_loads
     assert step_plan("nemotron-3-super", "replay-fp32", 1).launches()[0]["knobs"]["early_loads"]

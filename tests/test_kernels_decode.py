@@ -227,11 +227,19 @@ def test_one_launch_choice():
     from replayssm_quant.kernels.mamba2 import (
         ONE_LAUNCH_MAX_BATCH,
         ONE_LAUNCH_MAX_BATCH_CONV,
+        ONE_LAUNCH_MAX_STATE,
         resolve_one_launch,
     )
 
     assert resolve_one_launch(None, 1) and resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH)
     assert not resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH + 1)
+    # a step whose state is too large to flush serially on its own tiles takes three
+    # launches, unless its flush is light
+    assert resolve_one_launch(None, 2, step_state=ONE_LAUNCH_MAX_STATE)
+    assert not resolve_one_launch(None, 2, step_state=ONE_LAUNCH_MAX_STATE + 1)
+    assert resolve_one_launch(None, 2, step_state=ONE_LAUNCH_MAX_STATE + 1, light_flush=True)
+    assert not resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH + 1, light_flush=True)
+    assert resolve_one_launch(True, 4, step_state=ONE_LAUNCH_MAX_STATE + 1)
     assert resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH_CONV, conventional=True)
     assert not resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH_CONV + 1, conventional=True)
     assert not resolve_one_launch(None, 1, (None, "records"))

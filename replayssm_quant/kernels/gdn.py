@@ -761,7 +761,9 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     src = cfg.read or cfg.ckpt
     flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, flush_maxnreg, flush_tma or None)
-    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
+    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
+                            step_state=batch * HV * V * K,
+                            light_flush=cfg.read is None and cfg.ckpt.name == "fp32")
     advance = advance and keeps_counters(cfg, capacity)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)

@@ -732,7 +732,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     decode = ("lut" if lut else mode) if src.name == "nvfp4" else ""
     flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, flush_maxnreg, flush_tma or None)
-    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0)
+    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
+                            step_state=batch * H * P * N)
     advance = advance and keeps_counters(cfg, capacity)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
@@ -801,8 +802,8 @@ def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
     (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
     (None) wherever the GPU has it (sm_90+); asking for it is refused on an older GPU, whose
     compiler has no ``griddepcontrol``. Under the interpreter (CPU tensors) it runs the same
-    kernels, whose waits are no-ops there. Batch <= 4 is one launch (``one_launch_default``),
-    with no edge to overlap.
+    kernels, whose waits are no-ops there. A one-launch step (``one_launch_default``: small
+    batches) has no edge to overlap.
 
     Measured on the H200, replay-fp32 window without -> with:
 
@@ -971,6 +972,7 @@ def fused_prep_default(batch: int) -> bool:
 
 ONE_LAUNCH_MAX_BATCH = 4
 ONE_LAUNCH_MAX_BATCH_CONV = 1
+ONE_LAUNCH_MAX_STATE = 1 << 21
 
 
 def keeps_counters(cfg, capacity: int) -> bool:
@@ -984,28 +986,47 @@ def keeps_counters(cfg, capacity: int) -> bool:
     return capacity > 0 or cfg.uses_sr
 
 
-def one_launch_default(batch: int, conventional: bool = False) -> bool:
-    """Whether a decode step is one launch (``finish_row``), measured on the H200
-    (reports/kernels/tune_r93_ticket.log): a ReplaySSM step up to batch 4 (replay-fp32 window
-    on Nemotron-3-Nano-4B 7.1 -> 4.9 us at batch 1, Nemotron-3-Super 9.7 -> 8.8 us at batch 4),
-    a conventional step at batch 1 only (Super 5.6 -> 4.8 us at batch 1, but 9.7 -> 10.7 us at
-    batch 4, where a row's 512 programs queue on its counter). Larger batches keep the lean
-    non-flush launch and the persistent flush, whose tiles are tuned apart (the one-launch
-    flush folds on one-warp step tiles: 274 against 58 us at batch 16,
-    tune_r92_one_launch.log)."""
-    return batch <= (ONE_LAUNCH_MAX_BATCH_CONV if conventional else ONE_LAUNCH_MAX_BATCH)
+def one_launch_default(batch: int, conventional: bool = False, step_state: int = 0,
+                       light_flush: bool = False) -> bool:
+    """Whether a decode step is one launch (``finish_row``), measured on the H200 with every
+    state from HBM:
+
+    * a conventional step at batch 1 only (Super 5.6 -> 4.8 us at batch 1, but 9.7 -> 10.7 us
+      at batch 4, where a row's 512 programs queue on its counter;
+      reports/kernels/tune_r93_ticket.log);
+    * a ReplaySSM step up to batch 4 (replay-fp32 window on Nemotron-3-Nano-4B 7.1 -> 4.9 us
+      at batch 1, tune_r93_ticket.log) while the step's state, ``step_state`` = batch x heads
+      x state elements, is at most ``ONE_LAUNCH_MAX_STATE`` (2^21: Qwen3.5-4B at batch 4,
+      the other paper shapes at batch 2). Its flushing rows flush on the step's own tiles,
+      one after the other in each program, and above that size the serial flush costs more
+      than the launch it saves: at batch 4 the NVFP4 read over an fp16-SR checkpoint
+      takes 11.7 -> 9.6 us as two launches on Nemotron-3-Super, 22.8 -> 10.2 on Nano-4B,
+      15.1 -> 10.4 on Qwen3.5-122B (tune_r211_small_batch_b4hbm.log, tune_r212_b4.log);
+      at batch 2 one launch still wins (5.9 against 8.2 us on Super, tune_r212_b2.log).
+      Smaller one-launch tiles did not rescue it (8 rows: 11.9 us on Super).
+    * above that size still one launch when the flush is light (``light_flush``: GDN's plain
+      fp32 checkpoint, no read copy): Qwen3.5-122B's replay-fp32 window at batch 4, 10.7
+      against 12.2 us as two launches.
+
+    Larger batches keep the lean non-flush launch and the persistent flush, whose tiles are
+    tuned apart (the one-launch flush folds on one-warp step tiles: 274 against 58 us at
+    batch 16, tune_r92_one_launch.log)."""
+    if conventional:
+        return batch <= ONE_LAUNCH_MAX_BATCH_CONV
+    return batch <= ONE_LAUNCH_MAX_BATCH and (step_state <= ONE_LAUNCH_MAX_STATE or light_flush)
 
 
 def resolve_one_launch(one_launch: bool | None, batch: int, flush_knobs: tuple = (),
-                       conventional: bool = False) -> bool:
-    """The one-launch choice of a step: unless given, the default for the batch and step
-    kind, and off when any knob of the persistent flush (``flush_knobs``) is set, since that
-    asks for that flush; asking for both is refused."""
+                       conventional: bool = False, step_state: int = 0,
+                       light_flush: bool = False) -> bool:
+    """The one-launch choice of a step: unless given, the default for the batch, step kind
+    and size (``one_launch_default``), and off when any knob of the persistent flush
+    (``flush_knobs``) is set, since that asks for that flush; asking for both is refused."""
     if one_launch and any(k is not None for k in flush_knobs):
         raise ValueError("the flush knobs set the persistent flush launch; one_launch=True "
                          "flushes on the step's own tiles, folding records one by one")
     if one_launch is None:
-        return (one_launch_default(batch, conventional)
+        return (one_launch_default(batch, conventional, step_state, light_flush)
                 and all(k is None for k in flush_knobs))
     return one_launch
 
