@@ -667,3 +667,45 @@ def test_compile_job_runs_a_window_at_each_batch(monkeypatch):
     mod.compile_job(("qwen3.5-4b", cfg, {}, 0, "cpu"))
     assert made[2:] == list(mod.COMPILE_BATCHES)
     assert "bad knob" in mod.compile_job(("qwen3.5-4b", cfg, {"boom": True}, 0, "cpu"))[2]
+
+
+def _timeline():
+    spec = importlib.util.spec_from_file_location("step_timeline",
+                                                  ROOT / "benchmarks" / "step_timeline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_step_timeline_splits_replays_into_steps():
+    """Kernels of two replays of a two-step window, three launches a step (the second
+    launch overlapping the first, as with PDL): each step's span runs to the next step's
+    first start (the last step's to its last end), each launch keeps its start after the
+    step's first launch and its device time, and the medians are taken per step position."""
+    mod = _timeline()
+    assert mod.short("_mamba2_prep_kernel") == "prep"
+    assert mod.short("_gdn_nonflush_kernel") == "nonflush"
+
+    def step(t0, nf):
+        return [("_mamba2_prep_kernel", t0, t0 + 5.0), ("_mamba2_nonflush_kernel", t0 + 2.0,
+                                                         t0 + 2.0 + nf),
+                ("_mamba2_flush_kernel", t0 + nf, t0 + nf + 4.0)]
+
+    spans = step(0.0, 100.0) + step(105.0, 300.0) + step(1000.0, 110.0) + step(1115.0, 300.0)
+    replays = mod.split_steps(spans, 3, 2)
+    assert len(replays) == 2 and [len(r) for r in replays] == [2, 2]
+    s = mod.summarize(replays, 2)["steps"]
+    assert s[0]["span"] == pytest.approx(110.0)  # medians of 105 and 115
+    assert s[1]["span"] == pytest.approx(304.0)
+    assert s[0]["nonflush#1"] == pytest.approx((2.0, 105.0))
+    assert s[1]["flush#2"] == pytest.approx((300.0, 4.0))
+    with pytest.raises(ValueError, match="whole replays"):
+        mod.split_steps(spans[:-1], 3, 2)
+
+
+def test_step_timeline_needs_a_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="CUDA GPU"):
+        _timeline().main(["--cases", "nemotron-3-super-120b:replay-fp32"])
