@@ -177,12 +177,24 @@ def test_ring_products_of_two_groups_per_program(kind, name):
 
 def test_prep_groups_choice():
     """One wave of ring-products programs: one group per program up to 2048 programs, then
-    doubling while the groups divide; a count that does not divide them is refused."""
+    doubling while the groups divide (GDN steps reading an fp32 state from batch 256: every
+    key head of a row); a count that does not divide them is refused."""
     from replayssm_quant.kernels.mamba2 import prep_groups_default
 
     assert prep_groups_default(256, 8) == 1 and prep_groups_default(512, 8) == 2
     assert prep_groups_default(256, 16) == 2 and prep_groups_default(1024, 16) == 8
     assert prep_groups_default(4096, 3) == 1
+    from replayssm_quant.kernels.gdn import gdn_prep_groups_default
+    from replayssm_quant.kernels.plan import step_plan
+
+    # GDN steps reading an fp32 state take a whole row's key heads from batch 256 on
+    fp32, narrow = PRESETS["replay-fp32"], PRESETS["nvfp4-read/fp16-sr"]
+    assert gdn_prep_groups_default(fp32, 256, 16) == 16 and gdn_prep_groups_default(fp32, 512, 12) == 4
+    assert gdn_prep_groups_default(fp32, 64, 16) == prep_groups_default(64, 16)
+    assert gdn_prep_groups_default(narrow, 256, 16) == prep_groups_default(256, 16) == 2
+    assert step_plan("qwen3.5-4b", fp32, 256).prep_grid == (256, 1, 1)
+    assert step_plan("qwen3.5-4b", narrow, 256).prep_grid == (256, 8, 1)
+    assert step_plan("nemotron-3-super-120b", fp32, 256).prep_grid == (256, 8)
     cfg = _small_L(PRESETS["replay-fp32"])
     for kind in ("mamba2", "gdn"):
         for bad in (3, 4, 0):  # groups / key heads are 2 in these layers

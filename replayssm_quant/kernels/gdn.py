@@ -179,6 +179,27 @@ def _key_products_of(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK: tl.
     tl.store(out + 2 * LB, tl.sum(k * q, axis=1))
 
 
+WHOLE_ROW_PREP_MIN_BATCH = 256
+
+
+def gdn_prep_groups_default(cfg, batch: int, key_heads: int) -> int:
+    """Key heads per GDN ring-products program: every key head of a row in one program (the
+    largest power of two dividing the key heads) for a step that reads an fp32 (not fp8 /
+    NVFP4) state at batch >= ``WHOLE_ROW_PREP_MIN_BATCH``, else
+    ``mamba2.prep_groups_default``. The non-flush launch starts (programmatic launch) once
+    every products program has started, so fewer programs start it sooner: on the H200 the
+    replay-fp32 non-flush kernel started 0.9 instead of 4.3 us into the step at batch 256
+    with 8 key heads a program, and with 16 the window took 164.7 -> 163.1 us on Qwen3.5-4B
+    and 313.0 -> 310.7 on Qwen3.5-122B (316.5 against 317.6 and 612.9 against 613.4-614.3 at
+    512), while the narrow reads, bound by instruction issue, moved within -0.8 to +1.1 us
+    and batch 64 lost up to 1 us
+    (reports/kernels/tune_r217_gdn_prep.log, tune_r218_gdn_prep.log,
+    timeline_r217_gdn_prep.log)."""
+    if batch >= WHOLE_ROW_PREP_MIN_BATCH and not reads_narrow_copy(cfg):
+        return key_heads & -key_heads
+    return prep_groups_default(batch, key_heads)
+
+
 @triton.jit(do_not_specialize=["nrows"])
 def _gdn_prep_kernel(
     q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, fi_ptr, kd_ptr,
@@ -788,7 +809,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     _check_ut_tile(ut, fprec, BVF, FW)
     # the UT transform needs its own launch; otherwise small batches fold it away
     fp = ol or (not ut and (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
-    pk = None if fp else (1 if ut else prep_groups or prep_groups_default(batch, HK))
+    pk = None if fp else (1 if ut else prep_groups or gdn_prep_groups_default(cfg, batch, HK))
     flush = None
     if not ol:
         tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, target, ckpt_data)
