@@ -92,12 +92,14 @@ def _differ(a, b) -> float:
 
 
 def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int = 0,
-                 act: torch.dtype = torch.bfloat16, **step_kw) -> dict:
+                 act: torch.dtype = torch.bfloat16, nan_state: bool = False, **step_kw) -> dict:
     """Kernel vs reference step by step from the same state (cursors staggered so rows flush
     on different steps): worst output relative error and worst fraction of checkpoint / read
     copy elements that differ. Activations (and the ring) in ``act``, bf16 as the paper
     models run (the flush's default products then take the exact bf16 split); ``step_kw`` go
-    to the decode step (e.g. ``flush_fold``)."""
+    to the decode step (e.g. ``flush_fold``). With ``nan_state`` one element of the first
+    row's state is NaN: ``nan_ok`` then says the outputs are NaN exactly where the
+    reference's are (else that every output is finite), ``y_rel`` is over the rest."""
     from replayssm_quant.kernels.gdn import gdn_decode_step
     from replayssm_quant.kernels.mamba2 import mamba2_decode_step
 
@@ -110,14 +112,18 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
         ref = mamba2.init_mamba2_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV,
                                        act_dtype=act)
         inp = mamba2_inputs(batch, steps + 2, H, P, N, G, generator=g, device=DEV)
-        mamba2.load_state(ref, torch.arange(nslots, device=DEV),
-                          0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV))
+        S0 = 0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV)
+        if nan_state:
+            S0[1, H // 2, P // 3, N // 3 + 1] = float("nan")
+        mamba2.load_state(ref, torch.arange(nslots, device=DEV), S0)
     else:
         ref = gdn.init_gdn_state(cfg, nslots, H, P, N, G, seed=3, layer=1, device=DEV,
                                  act_dtype=act)
         inp = gdn_inputs(batch, steps + 2, H, P, N, G, generator=g, device=DEV)
-        gdn.load_state(ref, torch.arange(nslots, device=DEV),
-                       0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV))
+        S0 = 0.3 * torch.randn(nslots, H, P, N, generator=g, device=DEV)
+        if nan_state:
+            S0[1, H // 2, P // 3, N // 3 + 1] = float("nan")
+        gdn.load_state(ref, torch.arange(nslots, device=DEV), S0)
     inp.update({k: inp[k].to(act).float() for k in ("x", "Bm", "C", "q", "k", "v") if k in inp})
 
     def args(t):
@@ -149,8 +155,11 @@ def check_preset(shape, cfg, steps: int | None = None, batch: int = 4, seed: int
             y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], slots, out=out,
                                 **step_kw)
         y_ref = ref_step(t, slots)
-        worst["nan_ok"] &= bool(torch.isfinite(y).all())
-        worst["y_rel"] = max(worst["y_rel"], ((y - y_ref).norm() / y_ref.norm()).item())
+        fin = torch.isfinite(y_ref)
+        worst["nan_ok"] &= (bool(torch.equal(torch.isnan(y), ~fin)) if nan_state else
+                            bool(torch.isfinite(y).all()))
+        worst["y_rel"] = max(worst["y_rel"],
+                             ((y - y_ref)[fin].norm() / y_ref[fin].norm()).item())
         worst["ckpt_differ"] = max(worst["ckpt_differ"], _differ(ker.ckpt, ref.ckpt))
         if cfg.read is not None:
             worst["read_differ"] = max(worst["read_differ"], _differ(ker.read, ref.read))
@@ -351,6 +360,9 @@ def main() -> int:
                     help="run the preset checks with this flush_precision")
     ap.add_argument("--check-fold", choices=list(km.FLUSH_FOLDS), default=None,
                     help="run the preset checks with this flush_fold (default: the library's)")
+    ap.add_argument("--check-nan-state", action="store_true",
+                    help="preset checks with one NaN element in the first row's state: the "
+                         "outputs must be NaN exactly where the reference's are")
     ap.add_argument("--check-knobs", type=_json_knobs, default={}, metavar="JSON",
                     help='more step knobs for the preset checks, e.g. \'{"early_loads": true}\'')
     ap.add_argument("--verify", action="store_true",
@@ -408,9 +420,10 @@ def main() -> int:
             for cname in () if args.spec_only else args.check_configs:
                 t0 = time.time()
                 r = check_preset(SHAPES[sname], PRESETS[cname], batch=args.check_batch,
-                                 **_check_kw(args))
+                                 nan_state=args.check_nan_state, **_check_kw(args))
                 print(f"check   {sname:22s} {cname:20s} y_rel {r['y_rel']:.2e} ckpt differ "
-                      f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} finite "
+                      f"{r['ckpt_differ']:.2e} read differ {r['read_differ']:.2e} "
+                      f"{'nan where the reference' if args.check_nan_state else 'finite'} "
                       f"{r['nan_ok']} ({time.time() - t0:.1f}s)", flush=True)
             for cname, pr in itertools.product(("replay-fp32", "nvfp4-read/fp16-sr"), args.vprecs):
                 t0 = time.time()

@@ -145,6 +145,16 @@ def test_h200_defaults_are_the_measured_ones():
         ("nemotron-3-super", "shared-fp8", 1), ("nemotron-3-super", "fp32", 1),
         ("qwen3.5-4b", "replay-fp32", 1)))
     assert not step_plan("nemotron-3-super", "replay-fp32", 1, early_loads=False).early_loads
+    # fp8 sources: GDN decodes int32 words at batch 1 and from 256, Mamba-2 never by default
+    for c in ("fp8-read/fp32", "shared-fp8"):
+        assert [step_plan("qwen3.5-4b", c, b).decode for b in (1, 4, 64, 256, 512)] == [
+            "words8", "", "", "words8", "words8"]
+        assert not any(step_plan("nemotron-3-super", c, b).decode for b in (1, 256))
+    assert step_plan("qwen3.5-4b", "fp8-read/fp32", 1).launches()[0]["knobs"]["fp8_decode"] == "words"
+    assert step_plan("qwen3.5-4b", "fp8-read/fp32", 1, fp8_decode="cvt").decode == ""
+    assert step_plan("nemotron-3-super", "shared-fp8", 256, fp8_decode="words").decode == "words8"
+    assert step_plan("qwen3.5-4b", "nvfp4-read/fp32", 1, fp8_decode="words").decode == "words"
+    assert step_plan("qwen3.5-4b", "replay-fp32", 1, fp8_decode="words").decode == ""
     # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
     a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")

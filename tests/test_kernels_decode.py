@@ -82,7 +82,7 @@ def _poison_stale_records(cache) -> None:
 
 
 def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
-         act=torch.float32, poison_ring=False, **kw):
+         act=torch.float32, poison_ring=False, nan_state=False, **kw):
     g = torch.Generator().manual_seed(seed)
     if kind == "mamba2":
         H, P, N, G = 4, head_dim, 32, 2
@@ -94,6 +94,8 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
         ref = gdn.init_gdn_state(cfg, NSLOTS, HV, V, K, HK, seed=11, layer=3, act_dtype=act)
         inp = gdn_inputs(len(SLOTS), steps, HV, V, K, HK, generator=g)
         S0 = torch.randn(NSLOTS, HV, V, K, generator=g) * 0.3
+    if nan_state:  # one element of slot 3 (row 0): byte 1 of its fp8 row's third word
+        S0[3, 1, 5, 9] = float("nan")
     mamba2.load_state(ref, torch.arange(NSLOTS), S0) if kind == "mamba2" else \
         gdn.load_state(ref, torch.arange(NSLOTS), S0)
     if stagger:
@@ -126,7 +128,7 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
         valid = SLOTS >= 0
         assert torch.isnan(y[~valid]).all(), "padding rows must not be written"
         yv, rv = y[valid], y_ref[valid]
-        if nan_at is None:
+        if nan_at is None and not nan_state:
             assert torch.isfinite(yv).all(), "every valid output element must be written"
             rel = ((yv - rv).norm() / rv.norm()).item()
             assert rel < 1e-5, f"step {t}: output rel err {rel:.2e}"
@@ -457,14 +459,23 @@ def test_misaligned_nvfp4_state_is_refused():
         mamba2_decode_step(cache, x, dt, A, B, B, None, torch.zeros(1, dtype=torch.int32))
 
 
-def test_flush_fold_is_checked():
-    cfg = PRESETS["replay-fp32"]
+def _one_row_step(kind, cfg, **kw):
+    """One decode step of one row on a small fresh cache (4 heads x 16 rows x 32 columns,
+    2 groups / key heads), with step knobs ``kw``."""
+    slot = torch.zeros(1, dtype=torch.int32)
+    if kind == "gdn":
+        cache = cache_from_reference(gdn.init_gdn_state(cfg, 2, 4, 16, 32, 2))
+        q, v = torch.randn(1, 2, 32), torch.randn(1, 4, 16)
+        return gdn_decode_step(cache, q, q, v, -torch.rand(1, 4), torch.rand(1, 4), slot, **kw)
     cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))
     x, dt = torch.randn(1, 4, 16), torch.rand(1, 4)
     A, B = -torch.rand(4), torch.randn(1, 2, 32)
+    return mamba2_decode_step(cache, x, dt, A, B, B, None, slot, **kw)
+
+
+def test_flush_fold_is_checked():
     with pytest.raises(ValueError, match="flush_fold must be one of"):
-        mamba2_decode_step(cache, x, dt, A, B, B, None, torch.zeros(1, dtype=torch.int32),
-                           flush_fold="rank1")
+        _one_row_step("mamba2", PRESETS["replay-fp32"], flush_fold="rank1")
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
@@ -801,12 +812,26 @@ def test_mamba2_nvfp4_decodes_match_reference(mode):
         _run("mamba2", cfg, stagger=True, nvfp4_decode=mode)
         ref, ker = _run("mamba2", cfg, steps=4, nan_at=1, nvfp4_decode=mode)
         assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
-    cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))
-    x, dt = torch.randn(1, 4, 16), torch.rand(1, 4)
-    A, B = -torch.rand(4), torch.randn(1, 2, 32)
     with pytest.raises(ValueError, match="nvfp4_decode must be one of"):
-        mamba2_decode_step(cache, x, dt, A, B, B, None, torch.zeros(1, dtype=torch.int32),
-                           nvfp4_decode="lut")
+        _one_row_step("mamba2", cfg, nvfp4_decode="lut")
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
+@pytest.mark.parametrize("mode", ["cvt", "words"])
+def test_fp8_decodes_match_reference(kind, mode):
+    """Both decodes of an fp8 read source (``fp8_decode``: byte tiles through the fp8
+    conversion, the default, or int32 words into fp32 bit patterns) read the same values,
+    for a read copy and an fp8 checkpoint, across staggered flushes; a NaN in the stored
+    state makes exactly the reference's outputs NaN (the words path decodes NaN bytes as
+    numbers and must flag them); an unknown mode is refused."""
+    for name in ("fp8-read/fp32", "shared-fp8"):
+        cfg = _small_L(PRESETS[name])
+        _run(kind, cfg, stagger=True, fp8_decode=mode)
+        ref, _ = _run(kind, cfg, steps=2, nan_state=True, fp8_decode=mode)
+        y_nan = ref.read if cfg.read is not None else ref.ckpt
+        assert torch.isnan(F.dequantize(y_nan)).any()
+    with pytest.raises(ValueError, match="fp8_decode must be one of"):
+        _one_row_step(kind, PRESETS["fp8-read/fp32"], fp8_decode="bytes")
 
 
 def test_default_decode_builds_no_table():

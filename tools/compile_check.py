@@ -47,6 +47,8 @@ VARIANTS: list[tuple[str, str, int, int, dict]] = [
     ("gdn-nonflush", "nvfp4-read/fp8-sr", 16, 1, {"one_launch": True}),
     ("gdn-nonflush", "fp8-read/fp32", 32, 1, {}),
     ("gdn-nonflush", "shared-fp8", 32, 1, {}),
+    ("gdn-nonflush", "fp8-read/fp32", 16, 1, {"one_launch": True, "fp8_decode": "words"}),
+    ("mamba2-nonflush", "shared-fp8", 64, 1, {"fp8_decode": "words"}),
     ("mamba2-flush", "replay-fp32", 16, 1, {"fold": "dot", "precision": "bf16x3", "tma": True}),
     ("mamba2-flush", "replay-fp32", 16, 1, {"fold": "dot", "precision": "bf16x3"}),
     ("mamba2-flush", "nvfp4-read/fp16-sr", 4, 1, {"fold": "records"}),

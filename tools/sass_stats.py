@@ -98,12 +98,14 @@ def _verify_precision(precision: str, src_fmt: int) -> dict:
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
            fold: str = "dot", precision: str | None = None, one_launch: bool = False,
-           nvfp4_decode: str = "e4m3", pdl: bool = False, tma: bool = False) -> tuple:
+           nvfp4_decode: str = "e4m3", pdl: bool = False, tma: bool = False,
+           fp8_decode: str = "cvt") -> tuple:
     """(kernel, signature, constexprs) of a named target for one preset. ``precision``: the
     verify products' dot_precision (default bf16x3) or the flush fold's (default ieee).
     ``one_launch``: the non-flush / conventional step as one launch per step (flushing rows
     flush in the step, the last program advances the cursors). ``nvfp4_decode``: how a
-    mamba2-nonflush step decodes an NVFP4 source (``mamba2.NVFP4_DECODES``). ``pdl``: the
+    mamba2-nonflush step decodes an NVFP4 source (``mamba2.NVFP4_DECODES``), ``fp8_decode``
+    how a non-flush step decodes an fp8 one (``mamba2.FP8_DECODES``). ``pdl``: the
     decode steps' and verifies' launches as programmatic dependent launches (their
     ``griddepcontrol`` waits and releases). ``tma``: a flush target's fp32 checkpoint moved
     through a tensor descriptor (``flush_tma``, the GPU default for that checkpoint)."""
@@ -242,6 +244,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
                       HAS_D=True, BP=block, LUT=False,
                       E4M3=nvfp4_decode == "e4m3" and src == FMT_CODES["nvfp4"],
+                      WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, PDL=pdl and not one_launch,
                       FLUSH_PDL=pdl and not one_launch, EARLY=False, **one)
@@ -264,7 +267,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
                       TILE_FIRST=False, FUSED_PREP=one_launch, PDL=pdl and not one_launch,
-                      FLUSH_PDL=pdl and not one_launch, EARLY=False, **one)
+                      FLUSH_PDL=pdl and not one_launch, EARLY=False,
+                      WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"], **one)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
@@ -470,6 +474,8 @@ def main() -> None:
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")
     ap.add_argument("--nvfp4-decode", choices=list(km.NVFP4_DECODES), default="e4m3",
                     help="mamba2-nonflush: how an NVFP4 source is decoded (the step's nvfp4_decode)")
+    ap.add_argument("--fp8-decode", choices=list(km.FP8_DECODES), default="cvt",
+                    help="non-flush targets: how an fp8 source is decoded (the step's fp8_decode)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     ap.add_argument("--by-line", type=int, default=0, metavar="N",
                     help="also the N source lines with the most barriers / spills in the main "
@@ -490,7 +496,7 @@ def main() -> None:
         sys.exit("sass_stats compiles kernels: unset TRITON_INTERPRET")
     fn, sig, consts = target(a.target, a.preset, a.block, chunk=a.chunk, precision=a.precision,
                              fold=a.fold, one_launch=a.one_launch, nvfp4_decode=a.nvfp4_decode,
-                             pdl=a.pdl, tma=a.tma)
+                             pdl=a.pdl, tma=a.tma, fp8_decode=a.fp8_decode)
     try:
         consts.update(constexpr_overrides(a.const, list(fn.arg_names)))
     except ValueError as err:

@@ -553,12 +553,23 @@ def load_cols(base, rscale_base, bscale_base, rows, k0, mask_r, FMT: tl.constexp
         return nvfp4_row_decode(p, bs, rs, BR, KC)
     else:
         n = k0 + tl.arange(0, KC)
-        v = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
-                    other=0.0).to(tl.float32)
+        v = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None], other=0.0)
+        v = fp8_value(v) if FMT == 3 else v.to(tl.float32)
         if FMT == 3 and ROW_SCALE:
             rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
             v = v * rs[:, None]
         return v
+
+
+@triton.jit
+def fp8_value(v):
+    """fp8 e4m3fn -> fp32. The GPU's conversion maps the NaN bytes (0x7F, 0xFF) to NaN;
+    Triton's interpreter maps them to +-480, so there they are mapped back (480 is no e4m3fn
+    value)."""
+    f = v.to(tl.float32)
+    if not _PTX:
+        f = tl.where(tl.abs(f) == 480.0, float("nan"), f)
+    return f
 
 
 @triton.jit
@@ -698,12 +709,77 @@ def e2m1_word_scaled(w, i: tl.constexpr):
 
 
 @triton.jit
+def e4m3_word_scaled(w, i: tl.constexpr):
+    """Byte i of int32 words w (fp8 e4m3fn) -> its value times 2^-120, in three integer ops:
+    shifting the byte to the top and back by 4 (arithmetic) puts its exponent and mantissa
+    bits in the fp32 fields unbiased and copies its sign into bit 31 (e4m3 subnormals become
+    fp32 subnormals). NaN bytes decode as finite numbers: the caller checks them
+    (``e4m3_word_nans``) and scales the other factor (``pow2_prescale``)."""
+    t = (w << (24 - 8 * i)) >> 4
+    return (t & -0x78100000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_word_nans(w):
+    """Nonzero where a byte of the int32 words w is an e4m3fn NaN (low seven bits all set):
+    adding 1 to each byte's low seven bits carries into its top bit only for 0x7F."""
+    return ((w & 0x7F7F7F7F) + 0x01010101) & -0x7F7F7F80
+
+
+@triton.jit
 def pow2_prescale(v_ptr, N: tl.constexpr):
     """A power of two ``s`` that brings max |v| near 2^64 (1 for huge, inf or NaN entries),
     and ``2^126 / s``. Products of ``v * s`` with E2M1 values times 2^-126 then stay normal
     floats down to 2^-67 of the largest product, so the dot product is the fp32 one up to
     reduction order, without a multiply per decoded element."""
     return pow2_prescale_of(tl.load(v_ptr + tl.arange(0, N)).to(tl.float32))
+
+
+@triton.jit
+def vector_prescales(va_ptr, vb_ptr, scales_ptr, N: tl.constexpr, TWO: tl.constexpr,
+                     PRESCALED: tl.constexpr):
+    """``(s_a, c_a, s_b, c_b)``: ``pow2_prescale`` of each vector (of ``va`` alone unless
+    TWO, then repeated), or with PRESCALED read from ``scales_ptr`` (the ring-products
+    launch's)."""
+    if PRESCALED:
+        sa = tl.load(scales_ptr)
+        ca = tl.load(scales_ptr + 1)
+    else:
+        sa, ca = pow2_prescale(va_ptr, N)
+    sb, cb = sa, ca
+    if TWO:
+        if PRESCALED:
+            sb = tl.load(scales_ptr + 2)
+            cb = tl.load(scales_ptr + 3)
+        else:
+            sb, cb = pow2_prescale(vb_ptr, N)
+    return sa, ca, sb, cb
+
+
+@triton.jit
+def word_products(base, rows, mask_r, va_ptr, vb_ptr, sa, sb, BR: tl.constexpr,
+                  N: tl.constexpr, E: tl.constexpr, TWO: tl.constexpr):
+    """Per-word partial products of BR stored rows read as int32 words of E elements (8:
+    NVFP4 nibbles, ``e2m1_word_scaled``; 4: fp8 bytes, ``e4m3_word_scaled``, NaN bytes
+    flagged) with the vectors ``va * sa`` (and ``vb * sb`` when TWO): two (BR, N / E) fp32
+    tiles; element i of word wi is vector entry E wi + i. Each thread reads 16-byte runs."""
+    WN: tl.constexpr = N // E
+    wi = tl.arange(0, WN)
+    w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
+                mask=mask_r[:, None], other=0, eviction_policy=STREAM)
+    aa = tl.zeros((BR, WN), dtype=tl.float32)
+    ab = tl.zeros((BR, WN), dtype=tl.float32)
+    for i in tl.static_range(E):
+        if E == 8:
+            v = e2m1_word_scaled(w, i)
+        else:
+            v = e4m3_word_scaled(w, i)
+            if i == 0:
+                v = tl.where(e4m3_word_nans(w) != 0, float("nan"), v)
+        aa += v * (tl.load(va_ptr + E * wi + i).to(tl.float32) * sa)[None, :]
+        if TWO:
+            ab += v * (tl.load(vb_ptr + E * wi + i).to(tl.float32) * sb)[None, :]
+    return aa, ab
 
 
 @triton.jit
@@ -781,7 +857,7 @@ def e2m1_word_nibble(pos):
 def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_ptr,
              FMT: tl.constexpr, BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,
              LUT: tl.constexpr, scales_ptr=None, PRESCALED: tl.constexpr = False,
-             E4M3: tl.constexpr = False):
+             E4M3: tl.constexpr = False, WORDS8: tl.constexpr = False):
     """(S @ va, S @ vb) for BR stored state rows (``vb`` only when TWO), fp32 throughout.
 
     NVFP4 rows are never dequantized as a tile: the per-16 block scale multiplies each
@@ -791,7 +867,10 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
     With PRESCALED the prescales come from ``scales_ptr`` (``s_a, c_a[, s_b, c_b]``, formed by
     the ring-products launch) instead of a reduction over each vector here. E4M3 (one
     vector only) decodes the words through E4M3 bytes (``e2m1_words_fp16``) against the
-    vector's entries in the same order (prescaled the same way)."""
+    vector's entries in the same order (prescaled the same way). WORDS8 reads fp8 rows as
+    int32 words decoded in integer ops (``e4m3_word_scaled``) against prescaled vectors, so
+    the tile keeps the NVFP4 words' thread arrangement instead of the byte tile's; a word
+    holding a NaN byte makes its row's products NaN."""
     if FMT == 4:
         NB: tl.constexpr = N // 16
         blk = tl.arange(0, NB)
@@ -832,30 +911,9 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
                 ca * 7.52316384526264e-37)
             pb = pa
         else:
-            # each thread reads 16-byte runs of int32 words; nibble i of word wi is element
-            # 8 wi + i, and two consecutive words are one block
-            WN: tl.constexpr = N // 8
-            wi = tl.arange(0, WN)
-            w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
-                        mask=mask_r[:, None], other=0, eviction_policy=STREAM)
-            if PRESCALED:
-                sa = tl.load(scales_ptr)
-                ca = tl.load(scales_ptr + 1)
-            else:
-                sa, ca = pow2_prescale(va_ptr, N)
-            aa = tl.zeros((BR, WN), dtype=tl.float32)
-            ab = tl.zeros((BR, WN), dtype=tl.float32)
-            if TWO:
-                if PRESCALED:
-                    sb = tl.load(scales_ptr + 2)
-                    cb = tl.load(scales_ptr + 3)
-                else:
-                    sb, cb = pow2_prescale(vb_ptr, N)
-            for i in tl.static_range(8):
-                v = e2m1_word_scaled(w, i)
-                aa += v * (tl.load(va_ptr + 8 * wi + i).to(tl.float32) * sa)[None, :]
-                if TWO:
-                    ab += v * (tl.load(vb_ptr + 8 * wi + i).to(tl.float32) * sb)[None, :]
+            # nibble i of word wi is element 8 wi + i; two consecutive words are one block
+            sa, ca, sb, cb = vector_prescales(va_ptr, vb_ptr, scales_ptr, N, TWO, PRESCALED)
+            aa, ab = word_products(base, rows, mask_r, va_ptr, vb_ptr, sa, sb, BR, N, 8, TWO)
             pa = tl.sum(tl.reshape(aa, (BR, NB, 2)), axis=2) * ca
             if TWO:
                 pb = tl.sum(tl.reshape(ab, (BR, NB, 2)), axis=2) * cb
@@ -867,11 +925,19 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
         ya = tl.sum(pa * bs, axis=1) * rs
         yb = tl.sum(pb * bs, axis=1) * rs if TWO else ya
         return ya, yb
+    elif FMT == 3 and WORDS8:
+        sa, ca, sb, cb = vector_prescales(va_ptr, vb_ptr, scales_ptr, N, TWO, PRESCALED)
+        aa, ab = word_products(base, rows, mask_r, va_ptr, vb_ptr, sa, sb, BR, N, 4, TWO)
+        # the values are e4m3 * 2^-120, the vectors * s: c * 2^-6 = 2^120 / s undoes both
+        rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+        ya = tl.sum(aa, axis=1) * (ca * 0.015625) * rs
+        yb = tl.sum(ab, axis=1) * (cb * 0.015625) * rs if TWO else ya
+        return ya, yb
     else:
         n = tl.arange(0, N)
         if FMT == 3:
-            S = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
-                        other=0.0, eviction_policy=STREAM).to(tl.float32)
+            S = fp8_value(tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
+                                  other=0.0, eviction_policy=STREAM))
         else:
             S = tl.load(base + rows[:, None] * N + n[None, :], mask=mask_r[:, None],
                         other=0.0).to(tl.float32)

@@ -55,6 +55,7 @@ from .mamba2 import (
     finish_row,
     flush_list,
     fold_precision,
+    fp8_decode_of,
     fused_prep_default,
     keeps_counters,
     pdl_edges_of,
@@ -261,11 +262,11 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
                           HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
                           CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
                           BV: tl.constexpr, LUT: tl.constexpr, FUSED_PREP: tl.constexpr,
-                          PDL: tl.constexpr, ECAP: tl.constexpr):
+                          PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False):
     """A non-flush program's ``(o, u, v)`` for value rows ``vt``: S k and S q from the read
     source in one pass, the key products (formed here with FUSED_PREP, else read from the
     ring-products launch after ``wait_prior_grid``) and the ring's u's; ECAP as
-    ``ring_records``'s CAP."""
+    ``ring_records``'s CAP, WORDS8 as ``rows_dot``'s."""
     RATIO: tl.constexpr = HV // HK
     hk = h // RATIO
     j = tl.arange(0, LB)
@@ -276,7 +277,7 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
     k_row = k_ptr + (b * HK + hk) * K
     sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                       src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
-                      lut_ptr, SRC_FMT, BV, K, True, LUT)
+                      lut_ptr, SRC_FMT, BV, K, True, LUT, WORDS8=WORDS8)
     gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
     beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
     _, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, c, gt, LB, ECAP)
@@ -314,7 +315,7 @@ def _gdn_nonflush_kernel(
     TILE_FIRST: tl.constexpr = False, FUSED_PREP: tl.constexpr = False,
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, PDL: tl.constexpr = False,
-    FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
+    FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, WORDS8: tl.constexpr = False,
 ):
     """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source (S
     k and S q in one pass) + the ring, then append the record. Flushing rows exit at once: the
@@ -326,7 +327,8 @@ def _gdn_nonflush_kernel(
     programs of a flushing row flush their own rows instead (``_gdn_flush_rows``, records folded
     one by one) and, with ADVANCE, each row's last program to finish advances its cursor
     (``finish_row``): the step is this launch alone. EARLY as in the Mamba-2 non-flush
-    kernel: the output's loads are issued before the cursor arrives."""
+    kernel: the output's loads are issued before the cursor arrives. WORDS8 decodes an fp8
+    read source from int32 words (``rows_dot``)."""
     RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
     if FUSED_PREP and not ONE_LAUNCH:
@@ -341,7 +343,7 @@ def _gdn_nonflush_kernel(
                 b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                 src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr, ur_ptr,
                 gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr, HV, HK, V, K, CAP, LB, SRC_FMT, BV,
-                LUT, FUSED_PREP, PDL, CAP)
+                LUT, FUSED_PREP, PDL, CAP, WORDS8)
         if FUSED_PREP and not ONE_LAUNCH:
             if (c == L - 1) & (vt == 0) & (h % RATIO == 0):
                 _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot, c,
@@ -357,7 +359,7 @@ def _gdn_nonflush_kernel(
                     b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr, ur_ptr,
                     gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr, HV, HK, V, K, CAP, LB, SRC_FMT,
-                    BV, LUT, FUSED_PREP, PDL, 0)
+                    BV, LUT, FUSED_PREP, PDL, 0, WORDS8)
             gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
             beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
             tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
@@ -628,6 +630,19 @@ def gdn_flush_stages(precision: str, records: bool, cfg=None, tma: bool = False)
     return 2 if tma or (cfg is not None and cfg.ckpt.name.startswith("fp8")) else 3
 
 
+def gdn_fp8_decode_default(batch: int) -> str:
+    """``fp8_decode`` of a GDN step that reads an fp8 source: ``"words"`` at batch 1 and from
+    batch 256, ``"cvt"`` between. Measured on the H200 (reports/kernels/tune_r220_b1_*.log,
+    tune_r221_gdn_fp8.log), window us cvt -> words:
+
+    - batch 1, every state from HBM (conventional 4.7 / 5.4 us): fp8-read/fp32 on Qwen3.5-4B
+      5.5 -> 5.1, on 122B 6.1 -> 5.7; shared-fp8 5.3 -> 5.1 and 5.8 -> 5.7;
+    - batch 4 and 64: 0-0.8 and 1.0-2.2 us slower;
+    - batch 256: fp8-read/fp32 134.6 -> 132.9 and 259.7 -> 252.9, shared-fp8 98.4 -> 97.1
+      and 188.9 -> 183.2 (L = 8: -2.7 to +0.9)."""
+    return "words" if batch == 1 or batch >= 256 else "cvt"
+
+
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
     """(value rows, warps) per program of the conventional / non-flush step, measured on the
     H200 at batch 256 (reports/kernels): conventional 32 rows / 8 warps, 8 / 2 with fp16 SR
@@ -680,10 +695,11 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
     ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg``, ``one_launch``,
-    ``pdl``, ``early_loads``, ``prep_groups`` (key heads per ring-products program) and
-    ``flush_tma`` as for Mamba-2, except that ``early_loads`` is off by default: at batch 1
-    it added 1.1-3.2 us to the NVFP4 / fp8 flush steps for 0.2-0.4 us off the non-flush
-    ones (reports/kernels/tune_r111_early_b1.log), and with every state from HBM it slowed
+    ``pdl``, ``early_loads``, ``prep_groups`` (key heads per ring-products program),
+    ``fp8_decode`` (default ``gdn_fp8_decode_default``) and ``flush_tma`` as for Mamba-2,
+    except that ``early_loads`` is off by default: at batch 1 it added 1.1-3.2 us to the
+    NVFP4 / fp8 flush steps for 0.2-0.4 us off the non-flush ones
+    (reports/kernels/tune_r111_early_b1.log), and with every state from HBM it slowed
     the fp8-read/fp32 window 5.5 -> 6.2 us on Qwen3.5-4B (tune_r206_b1_hbm_knobs.log);
     the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs its own launch and
     is never one launch)."""
@@ -739,7 +755,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
         TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep, ONE_LAUNCH=plan.one_launch,
         ADVANCE=plan.ticket, CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         PDL=plan.step_pdl, FLUSH_PDL=fl_pdl, EARLY=plan.early_loads,
-        launch_pdl=plan.step_pdl,
+        WORDS8=plan.decode == "words8", launch_pdl=plan.step_pdl,
         num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
         launch_persistent(
@@ -769,7 +785,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                   maxnreg: int | None = None, flush_maxnreg: int | None = None,
                   one_launch: bool | None = None, pdl: bool | str | None = None,
                   early_loads: bool = False, prep_groups: int | None = None,
-                  flush_tma: bool | None = None) -> StepPlan:
+                  flush_tma: bool | None = None, fp8_decode: str | None = None) -> StepPlan:
     """The launches of ``gdn_decode_step`` for HV value heads of V rows x K key columns and
     HK key heads, ring capacity ``capacity`` (0: conventional), ``batch`` rows on
     ``target``, with its knobs (same names and defaults); every knob is checked here, before
@@ -780,6 +796,8 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     register_cap(maxnreg)
     register_cap(flush_maxnreg)
     src = cfg.read or cfg.ckpt
+    decode = (("lut" if lut else "words") if src.name == "nvfp4" else
+              fp8_decode_of(fp8_decode, src.name, capacity, gdn_fp8_decode_default(batch)))
     flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, flush_maxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
@@ -824,8 +842,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                     prep_grid=None if fp else (batch, HK // pk, HV // HK if ut else 1),
                     prep_pdl=use_pdl and "prep" in pdl_edges and not fp,
                     step_pdl=use_pdl and not fp and "prep" in pdl_edges, flush=flush,
-                    decode=("lut" if lut else "words") if src.name == "nvfp4" else "",
-                    early_loads=bool(early_loads))
+                    decode=decode, early_loads=bool(early_loads))
 
 
 # ------------------------------------------------------------------------------ speculative

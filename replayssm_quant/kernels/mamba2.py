@@ -247,17 +247,17 @@ def _nonflush_y(p, mp, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
                 CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
                 HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
                 PRESCALED: tl.constexpr, E4M3: tl.constexpr, LOAD_BC: tl.constexpr,
-                PDL: tl.constexpr, ECAP: tl.constexpr):
+                PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False):
     """The non-flush output y of head-dim rows ``p`` (BP of them, ``mp`` valid) from the read
     source and the ring, and this token's x (the record to append). With LOAD_BC the ring
     products ``bc``, ``bcc`` (and with PRESCALED the NVFP4 prescales) come from the
     ring-products launch's row ``bc_row``; with PDL that launch may still be running, so the
     state product is formed first and the products are read after ``wait_prior_grid``.
-    ECAP as ``ring_records``'s CAP."""
+    ECAP as ``ring_records``'s CAP, WORDS8 as ``rows_dot``'s."""
     sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                      src_bs_ptr + slot * s_srcbs, h * P + p, mp,
                      C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT,
-                     bc_row + LB + 1, PRESCALED, E4M3)
+                     bc_row + LB + 1, PRESCALED, E4M3, WORDS8)
     x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
     xr = ring_records(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                       mj[:, None] & mp[None, :], (j < CAP)[:, None] & mp[None, :],
@@ -281,7 +281,7 @@ def _nonflush_outputs(b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, 
                       CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
                       HAS_D: tl.constexpr, BP: tl.constexpr, BP2: tl.constexpr,
                       LUT: tl.constexpr, FUSED_PREP: tl.constexpr, E4M3: tl.constexpr,
-                      PDL: tl.constexpr, ECAP: tl.constexpr):
+                      PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False):
     """A non-flush program's outputs and records, ``(y, x)`` of rows ``[pt BP, pt BP + BP)``
     and, with BP2 > 0, of the whole head's second pass ``[BP, BP + BP2)`` (else the first
     pass again): ring weights, the group's ring products (formed here with FUSED_PREP, else
@@ -308,14 +308,14 @@ def _nonflush_outputs(b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, 
     y, x = _nonflush_y(p, p < P, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
                        x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
                        s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row, H, P, N, G, CAP, LB, SRC_FMT,
-                       HAS_D, BP, LUT, PRESCALED, E4M3, not FUSED_PREP, PDL, ECAP)
+                       HAS_D, BP, LUT, PRESCALED, E4M3, not FUSED_PREP, PDL, ECAP, WORDS8)
     if BP2 > 0:
         p2 = BP + tl.arange(0, BP2)
         y2, x2 = _nonflush_y(p2, p2 < P, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
                              x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
                              s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row, H, P, N, G, CAP,
                              LB, SRC_FMT, HAS_D, BP2, LUT, PRESCALED, E4M3, not FUSED_PREP,
-                             PDL, ECAP)
+                             PDL, ECAP, WORDS8)
     else:
         y2, x2 = y, x
     return y, x, y2, x2
@@ -345,6 +345,7 @@ def _mamba2_nonflush_kernel(
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, E4M3: tl.constexpr = False,
     PDL: tl.constexpr = False, FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
+    WORDS8: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at once:
@@ -367,7 +368,7 @@ def _mamba2_nonflush_kernel(
     programs of a flushing row flush their own rows instead (``_mamba2_flush_rows``, records
     folded one by one: a tile may be narrower than a tensor-core product) and, with ADVANCE,
     each row's last program to finish advances its cursor (``finish_row``): the step is this
-    launch alone."""
+    launch alone. WORDS8 decodes an fp8 read source from int32 words (``rows_dot``)."""
     b, h, pt = row_head_tile(TILE_FIRST)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (pt == 0):
@@ -383,7 +384,7 @@ def _mamba2_nonflush_kernel(
                 b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
                 src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
                 xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G, CAP,
-                LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, CAP)
+                LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, CAP, WORDS8)
         if c != L - 1:
             release_dependents(FLUSH_PDL)  # programs of flushing rows end without it
             if not EARLY:
@@ -391,7 +392,7 @@ def _mamba2_nonflush_kernel(
                     b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
                     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
                     xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G,
-                    CAP, LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, 0)
+                    CAP, LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, 0, WORDS8)
             _nonflush_store(y, x, pt * BP + tl.arange(0, BP), b, h, slot, c, y_ptr, xr_ptr,
                             s_xr, H, P, CAP)
             if BP2 > 0:
@@ -625,7 +626,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     tiles (records folded one by one, so the flush knobs do not apply) and the last program
     to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
     ``nvfp4_decode`` picks how a non-flush step decodes an NVFP4 source (``NVFP4_DECODES``;
-    default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead. ``pdl`` (default: on
+    default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead; ``fp8_decode`` how it
+    decodes an fp8 one (``FP8_DECODES``, ``fp8_decode_of``; default ``"cvt"``). ``pdl`` (default: on
     GPUs that have it, ``resolve_pdl``) launches the non-flush and flush
     launches with programmatic dependent launch, so each starts while the launch before it
     still runs; ``"prep"`` / ``"flush"`` name one of the two edges. ``early_loads=True``
@@ -683,7 +685,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
         BP=plan.rows, LUT=plan.lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
         BP2=plan.rows2, ONE_LAUNCH=plan.one_launch, ADVANCE=plan.ticket,
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
-        E4M3=plan.decode == "e4m3", PDL=plan.step_pdl, FLUSH_PDL=fl_pdl,
+        E4M3=plan.decode == "e4m3", WORDS8=plan.decode == "words8", PDL=plan.step_pdl,
+        FLUSH_PDL=fl_pdl,
         EARLY=plan.early_loads, launch_pdl=plan.step_pdl,
         num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
@@ -717,7 +720,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                      whole_head: bool | None = None, one_launch: bool | None = None,
                      nvfp4_decode: str | None = None, pdl: bool | str | None = None,
                      early_loads: bool | None = None, prep_groups: int | None = None,
-                     flush_tma: bool | None = None) -> StepPlan:
+                     flush_tma: bool | None = None, fp8_decode: str | None = None) -> StepPlan:
     """The launches of ``mamba2_decode_step`` for H heads of P rows x N state columns in G
     groups, ring capacity ``capacity`` (0: conventional), ``batch`` rows on ``target``, with
     its knobs (same names and defaults); every knob is checked here, before any launch.
@@ -729,7 +732,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     register_cap(flush_maxnreg)
     src = cfg.read or cfg.ckpt
     mode = _nvfp4_decode(nvfp4_decode)
-    decode = ("lut" if lut else mode) if src.name == "nvfp4" else ""
+    decode = (("lut" if lut else mode) if src.name == "nvfp4" else
+              fp8_decode_of(fp8_decode, src.name, capacity))
     flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, flush_maxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
@@ -851,6 +855,22 @@ def _nvfp4_decode(mode: str | None) -> str:
     if mode not in NVFP4_DECODES:
         raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
     return mode
+
+
+FP8_DECODES = ("cvt", "words")
+
+
+def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "cvt") -> str:
+    """How a non-flush step decodes an fp8 read source (the plan's ``decode``; "" for any
+    other source): ``"cvt"`` (byte tiles through the hardware's fp8 conversion) or
+    ``"words"`` (int32 words, three integer operations per element into fp32 bit patterns,
+    ``common.e4m3_word_scaled``, in the NVFP4 words' thread arrangement); None takes
+    ``default``. The Mamba-2 steps keep ``"cvt"``: at batch 1 with every state from HBM the
+    words were 0-0.2 us slower on both Nemotron shapes (reports/kernels/tune_r220_b1_*.log)."""
+    mode = mode or default
+    if mode not in FP8_DECODES:
+        raise ValueError(f"fp8_decode must be one of {FP8_DECODES}, got {mode!r}")
+    return "words8" if mode == "words" and capacity and source.startswith("fp8") else ""
 
 
 def mamba2_tile_first(capacity: int, P: int, block_p: int, narrow: bool = True) -> bool:

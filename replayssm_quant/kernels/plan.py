@@ -160,7 +160,7 @@ class StepPlan:
     step_pdl: bool  # the step launch is a programmatic dependent of the ring products
     flush: FlushPlan | None
     prep_pdl: bool = False  # the ring products release the step launch at once
-    decode: str = ""  # how an NVFP4 source is decoded ("e4m3", "words", "lut")
+    decode: str = ""  # how a narrow source is decoded (NVFP4 "e4m3" / "words" / "lut", fp8 "words8")
     early_loads: bool = False
     lut: bool = False  # an NVFP4 source decoded through a 16-entry table
 
@@ -189,7 +189,9 @@ class StepPlan:
                                       "pdl": self.prep_pdl}})
             knobs: dict[str, Any] = {"tile_first": self.tile_first, "fused_prep": self.fused_prep,
                                      "one_launch": self.one_launch, "pdl": self.step_pdl}
-            if self.decode:
+            if self.decode == "words8":
+                knobs["fp8_decode"] = "words"
+            elif self.decode:
                 knobs["nvfp4_decode"] = self.decode
             if self.early_loads:
                 knobs["early_loads"] = True
