@@ -866,7 +866,9 @@ def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "
     ``"words"`` (int32 words, three integer operations per element into fp32 bit patterns,
     ``common.e4m3_word_scaled``, in the NVFP4 words' thread arrangement); None takes
     ``default``. The Mamba-2 steps keep ``"cvt"``: at batch 1 with every state from HBM the
-    words were 0-0.2 us slower on both Nemotron shapes (reports/kernels/tune_r220_b1_*.log)."""
+    words gained nothing on the Nemotron shapes (-0.1 to +0.2 us, reports/kernels/
+    tune_r220_b1_hbm*.log), and at batch 256 the non-flush step took 158.6 against 85.5 us
+    on Super (tune_r221_mamba2_fp8.log)."""
     mode = mode or default
     if mode not in FP8_DECODES:
         raise ValueError(f"fp8_decode must be one of {FP8_DECODES}, got {mode!r}")
