@@ -8,11 +8,20 @@ is measured against. Times, in one run with the copy bandwidth:
   dotted with its group's vector (the non-flush step's state product without its ring);
 * ``persistent``: one wave of programs walking the tiles in a loop software-pipelined over
   ``stages`` (the next tiles' loads issued while this one reduces), as the flush kernels do;
-* ``step``: the grid's product laid out as Nemotron-3-Super's non-flush step (128 heads of 64
-  rows per batch row), with ``chain`` its slot and cursor loaded before the state, with
-  ``ring`` 7 of 16 bf16 ring records added: what each costs a read-only step.
+* ``step``: the grid's product laid out as a non-flush step, with ``chain`` its slot and
+  cursor loaded before the state, with ``ring`` 7 of 16 ring records added: what each costs
+  a read-only step. The records lie as the ring keeps them (``rows``: record-major, each
+  record a head's rows) or, with ``--ring-layouts tiles``, tile-major (a tile's records
+  contiguous), which no kernel uses: what the layout costs. ``--step-layout mamba2`` is
+  Nemotron-3-Super's (128 heads of 64 rows per batch row, bf16 x records), ``gdn``
+  Qwen3.5-4B's (32 value heads of 128 rows, fp32 u records, as the GDN ring keeps them).
+
+``--vectors 2`` dots every row with two vectors, as GDN's non-flush step forms S k and S q
+in one pass (``torch`` is then left out: cuBLAS has no two-vector GEMV).
 
     python benchmarks/read_bandwidth.py --rows 2097152 --out reports/kernels/read_bw
+    python benchmarks/read_bandwidth.py --rows 1048576 --group-rows 256 --vectors 2 \
+        --step-layout gdn --out reports/kernels/read_bw_gdn
 
 Every variant's output is checked against a float64 product first. Prints a Markdown table
 (time, read TB/s, fraction of the copy bandwidth) and writes it with ``--out``.
@@ -33,42 +42,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decode import copy_bandwidth, time_graph  # noqa: E402
 
-STEP_H, STEP_P = 128, 64  # the step mocks' heads and head dim (Nemotron-3-Super)
+# the step mocks' (heads, rows per head, ring record dtype) per layout
+STEP_LAYOUTS = {"mamba2": (128, 64, torch.bfloat16), "gdn": (32, 128, torch.float32)}
+RING_LAYOUTS = ("rows", "tiles")  # record-major (as the ring keeps them), tile-major
 
 
 @triton.jit
-def _tile_dot(S_ptr, c_ptr, y_ptr, t, GROUP_ROWS: tl.constexpr, BR: tl.constexpr,
-              N: tl.constexpr):
+def _tile_dot(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, t, GROUP_ROWS: tl.constexpr,
+              BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr):
     rows = t * BR + tl.arange(0, BR)
     n = tl.arange(0, N)
     S = tl.load(S_ptr + rows[:, None] * N + n[None, :])
     c = tl.load(c_ptr + (t * BR // GROUP_ROWS) * N + n)
     tl.store(y_ptr + rows, tl.sum(S * c[None, :], axis=1))
+    if TWO:
+        c2 = tl.load(c2_ptr + (t * BR // GROUP_ROWS) * N + n)
+        tl.store(y2_ptr + rows, tl.sum(S * c2[None, :], axis=1))
 
 
 @triton.jit
-def _rowdot_grid(S_ptr, c_ptr, y_ptr, GROUP_ROWS: tl.constexpr, BR: tl.constexpr,
-                 N: tl.constexpr):
-    """y[r] = S[r] . c[r // GROUP_ROWS], one tile of BR rows per program."""
-    _tile_dot(S_ptr, c_ptr, y_ptr, tl.program_id(0), GROUP_ROWS, BR, N)
+def _rowdot_grid(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, GROUP_ROWS: tl.constexpr,
+                 BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr):
+    """y[r] = S[r] . c[r // GROUP_ROWS] (and y2 with c2 when TWO), one tile of BR rows per
+    program."""
+    _tile_dot(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, tl.program_id(0), GROUP_ROWS, BR, N, TWO)
 
 
 @triton.jit
-def _rowdot_persistent(S_ptr, c_ptr, y_ptr, ntiles, GROUP_ROWS: tl.constexpr,
-                       BR: tl.constexpr, N: tl.constexpr, STAGES: tl.constexpr):
+def _rowdot_persistent(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, ntiles, GROUP_ROWS: tl.constexpr,
+                       BR: tl.constexpr, N: tl.constexpr, STAGES: tl.constexpr,
+                       TWO: tl.constexpr):
     """The same products, the programs walking the tiles in a pipelined loop."""
     for t in tl.range(tl.program_id(0), ntiles, tl.num_programs(0), num_stages=STAGES):
-        _tile_dot(S_ptr, c_ptr, y_ptr, t, GROUP_ROWS, BR, N)
+        _tile_dot(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, t, GROUP_ROWS, BR, N, TWO)
 
 
 @triton.jit
-def _rowdot_step(S_ptr, c_ptr, y_ptr, slots_ptr, cur_ptr, xr_ptr, w_ptr, H: tl.constexpr,
-                 P: tl.constexpr, GROUP_ROWS: tl.constexpr, BR: tl.constexpr, N: tl.constexpr,
-                 CAP: tl.constexpr, L: tl.constexpr, CHAIN: tl.constexpr, RING: tl.constexpr):
+def _rowdot_step(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, slots_ptr, cur_ptr, xr_ptr, w_ptr,
+                 H: tl.constexpr, P: tl.constexpr, GROUP_ROWS: tl.constexpr, BR: tl.constexpr,
+                 N: tl.constexpr, CAP: tl.constexpr, L: tl.constexpr, CHAIN: tl.constexpr,
+                 RING: tl.constexpr, TWO: tl.constexpr):
     """The tile product as a non-flush step forms it: with CHAIN the state's slot comes from
     ``slots[b]`` and the product is skipped unless the slot's cursor says the row does not
     flush (two dependent loads before the state load can start); with RING the row also
-    adds its ring's weighted x records (``c`` of CAP bf16 records of the tile's rows)."""
+    adds its ring's weighted records (``c`` of CAP records of the tile's rows; with TWO to
+    both products, as GDN's u records enter both w and o), laid out record-major (RING 1)
+    or tile-major (RING 2)."""
     TILES: tl.constexpr = P // BR
     pid = tl.program_id(0)
     t, h, b = pid % TILES, (pid // TILES) % H, pid // (TILES * H)
@@ -83,54 +102,75 @@ def _rowdot_step(S_ptr, c_ptr, y_ptr, slots_ptr, cur_ptr, xr_ptr, w_ptr, H: tl.c
         c = L // 2 - 1  # the cursor the chained variant loads
     if c != L - 1:
         S = tl.load(S_ptr + (slot * H * P + rows[:, None]) * N + n[None, :])
-        cv = tl.load(c_ptr + ((b * H * P + h * P) // GROUP_ROWS) * N + n)
+        g = (b * H * P + h * P) // GROUP_ROWS
+        cv = tl.load(c_ptr + g * N + n)
         y = tl.sum(S * cv[None, :], axis=1)
+        if TWO:
+            y2 = tl.sum(S * tl.load(c2_ptr + g * N + n)[None, :], axis=1)
         if RING:
             j = tl.arange(0, CAP)
-            xr = tl.load(xr_ptr + (slot * H * CAP + h * CAP + j[:, None]) * P + p[None, :],
-                         mask=(j < c)[:, None], other=0.0).to(tl.float32)
+            if RING == 2:  # tile-major: (slot, head, tile, record, tile row)
+                rp = xr_ptr + ((slot * H + h) * TILES + t) * CAP * BR + j[:, None] * BR \
+                    + tl.arange(0, BR)[None, :]
+            else:
+                rp = xr_ptr + (slot * H * CAP + h * CAP + j[:, None]) * P + p[None, :]
+            xr = tl.load(rp, mask=(j < c)[:, None], other=0.0).to(tl.float32)
             w = tl.load(w_ptr + (b * H + h) * CAP + j, mask=j < c, other=0.0)
-            y += tl.sum(w[:, None] * xr, axis=0)
+            r = tl.sum(w[:, None] * xr, axis=0)
+            y += r
+            if TWO:
+                y2 += r
         tl.store(y_ptr + b * H * P + rows, y)
+        if TWO:
+            tl.store(y2_ptr + b * H * P + rows, y2)
 
 
 def variants(args) -> list[tuple[str, dict]]:
-    out = [("torch", {})]
+    out = [("torch", {})] if args.vectors == 1 else []
     out += [("grid", {"rows": r, "warps": w}) for r in args.grid_rows for w in args.warps]
     out += [("persistent", {"rows": r, "warps": w, "stages": s, "per_sm": p})
             for r in args.persistent_rows for w in args.warps for s in args.stages
             for p in args.per_sm]
     out += [("step", {"rows": r, "warps": 1, "chain": ch, "ring": rg})
-            for r in args.step_rows for ch in (False, True) for rg in (False, True)]
+            for r in args.step_rows for ch in (False, True)
+            for rg in [False, *args.ring_layouts]]
     return out
 
 
-def runner(kind: str, knobs: dict, S, c, y, group_rows: int, sms: int):
-    """A no-argument callable that runs one variant into ``y``, and what its output adds to
-    the grouped product (None: the product with ``c[0]`` for every row instead)."""
+def runner(kind: str, knobs: dict, S, c, y, group_rows: int, sms: int, layout: str):
+    """A no-argument callable that runs one variant into ``y`` (one row per vector of ``c``),
+    and what its ring adds to each grouped product (None: the product with ``c[0, 0]`` for
+    every row instead)."""
     R, N = S.shape
+    two = c.shape[0] == 2
+    c2, y2 = (c[1], y[1]) if two else (c[0], y[0])
     if kind == "torch":  # one vector for every row: cuBLAS's plain GEMV
-        return lambda: torch.mv(S, c[0], out=y), None
+        return lambda: torch.mv(S, c[0, 0], out=y[0]), None
     BR, W = knobs["rows"], knobs["warps"]
     ntiles = R // BR
     if kind == "step":
-        H, P, CAP = STEP_H, STEP_P, 16
+        (H, P, rdtype), CAP = STEP_LAYOUTS[layout], 16
         B = R // (H * P)
         slots = torch.arange(B, device=S.device, dtype=torch.int32)
         cur = torch.full((B,), 7, device=S.device, dtype=torch.int32)
-        xr = torch.randn(B, H, CAP, P, device=S.device).to(torch.bfloat16)
+        xr = torch.randn(B, H, CAP, P, device=S.device).to(rdtype)
         w = torch.rand(B, H, CAP, device=S.device)
         ring = (w[:, :, :7, None].double() * xr[:, :, :7].double()).sum(2).reshape(-1)
+        code = {False: 0, "rows": 1, "tiles": 2}[knobs["ring"]]
+        if code == 2:  # the same records, each tile's contiguous
+            xr = xr.view(B, H, CAP, P // BR, BR).permute(0, 1, 3, 2, 4).contiguous()
         fn = lambda: _rowdot_step[(R // BR,)](  # noqa: E731
-            S, c, y, slots, cur, xr, w, H=H, P=P, GROUP_ROWS=group_rows, BR=BR, N=N, CAP=CAP,
-            L=16, CHAIN=knobs["chain"], RING=knobs["ring"], num_warps=W)
+            S, c[0], y[0], c2, y2, slots, cur, xr, w, H=H, P=P, GROUP_ROWS=group_rows, BR=BR,
+            N=N, CAP=CAP, L=16, CHAIN=knobs["chain"], RING=code, TWO=two,
+            num_warps=W)
         return fn, ring if knobs["ring"] else 0.0
     if kind == "grid":
-        return lambda: _rowdot_grid[(ntiles,)](S, c, y, GROUP_ROWS=group_rows, BR=BR, N=N,
-                                              num_warps=W), 0.0
+        return lambda: _rowdot_grid[(ntiles,)](S, c[0], y[0], c2, y2, GROUP_ROWS=group_rows,
+                                              BR=BR, N=N, TWO=two, num_warps=W), 0.0
     grid = (min(ntiles, sms * knobs["per_sm"]),)
-    return lambda: _rowdot_persistent[grid](S, c, y, ntiles, GROUP_ROWS=group_rows, BR=BR, N=N,
-                                            STAGES=knobs["stages"], num_warps=W), 0.0
+    return lambda: _rowdot_persistent[grid](S, c[0], y[0], c2, y2, ntiles, GROUP_ROWS=group_rows,
+                                            BR=BR, N=N, STAGES=knobs["stages"], TWO=two,
+                                            num_warps=W), 0.0
 
 
 def main(argv=None) -> int:
@@ -139,15 +179,23 @@ def main(argv=None) -> int:
                     help="state rows (default: Nemotron-3-Super's Mamba-2 state at batch 256)")
     ap.add_argument("--d", type=int, default=128, help="row length (d_state / d_k)")
     ap.add_argument("--group-rows", type=int, default=1024,
-                    help="rows sharing one vector (Super: 16 heads x 64 rows per group)")
+                    help="rows sharing one vector (Super: 16 heads x 64 rows per group; "
+                         "Qwen3.5-4B: 2 value heads x 128 rows per key head)")
+    ap.add_argument("--vectors", type=int, choices=(1, 2), default=1,
+                    help="vectors each row is dotted with (GDN: 2, S k and S q)")
     ap.add_argument("--grid-rows", type=int, nargs="*", default=[16, 32, 64])
     ap.add_argument("--persistent-rows", type=int, nargs="*", default=[32, 64])
     ap.add_argument("--warps", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--stages", type=int, nargs="*", default=[2, 3, 4])
     ap.add_argument("--per-sm", type=int, nargs="*", default=[4, 8, 16])
+    ap.add_argument("--step-layout", choices=list(STEP_LAYOUTS), default="mamba2",
+                    help="heads, rows and ring records of the step mocks")
     ap.add_argument("--step-rows", type=int, nargs="*", default=[32, 64],
-                    help="tile rows of the non-flush step mocks (Super's layout: --rows a "
-                         f"multiple of {STEP_H * STEP_P})")
+                    help="tile rows of the non-flush step mocks (--rows a multiple of the "
+                         "layout's heads x rows)")
+    ap.add_argument("--ring-layouts", nargs="+", choices=RING_LAYOUTS, default=["rows"],
+                    help="ring record layouts of the step mocks with a ring (rows: as the ring "
+                         "keeps them; tiles: each tile's records contiguous)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", help="write OUT.md with the table")
     args = ap.parse_args(argv)
@@ -155,28 +203,31 @@ def main(argv=None) -> int:
                                                             + args.step_rows):
         raise SystemExit("--rows must be a multiple of --group-rows, which must be one of the "
                          "largest tile")
-    if args.step_rows and (args.rows % (STEP_H * STEP_P) or STEP_P % max(args.step_rows)):
-        raise SystemExit(f"the step mocks need --rows a multiple of {STEP_H * STEP_P} and tiles "
-                         f"of at most {STEP_P} rows")
+    H, P, _ = STEP_LAYOUTS[args.step_layout]
+    if args.step_rows and (args.rows % (H * P) or P % max(args.step_rows)):
+        raise SystemExit(f"the {args.step_layout} step mocks need --rows a multiple of {H * P} "
+                         f"and tiles of at most {P} rows")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     S = torch.randn(args.rows, args.d, device=dev)
-    c = torch.randn(args.rows // args.group_rows, args.d, device=dev)
-    want = (S.double().view(-1, args.group_rows, args.d)
-            @ c.double()[:, :, None]).reshape(-1)
+    c = torch.randn(args.vectors, args.rows // args.group_rows, args.d, device=dev)
+    want = (S.double().view(1, -1, args.group_rows, args.d)
+            @ c.double()[:, :, :, None]).reshape(args.vectors, -1)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 1
     copy = copy_bandwidth() if dev == "cuda" else float("nan")
     nbytes = S.numel() * 4
     lines = [f"Copy bandwidth {copy / 1e12:.3f} TB/s (read + write); state {nbytes / 1e9:.3f} GB "
-             f"fp32, rows of {args.d}, one vector per {args.group_rows} rows.", "",
+             f"fp32, rows of {args.d}, {args.vectors} vector(s) per {args.group_rows} rows; "
+             f"step mocks in the {args.step_layout} layout.", "",
              "| variant | knobs | us | read TB/s | x copy |", "| --- | --- | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     for kind, knobs in variants(args):
-        y = torch.full((args.rows,), float("nan"), device=dev)
-        fn, extra = runner(kind, knobs, S, c, y, args.group_rows, sms)
+        y = torch.full((args.vectors, args.rows), float("nan"), device=dev)
+        fn, extra = runner(kind, knobs, S, c, y, args.group_rows, sms, args.step_layout)
         fn()
-        ref = want + extra if extra is not None else S.double() @ c[0].double()
-        err = ((y.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+        ref = want + extra if extra is not None else (S.double() @ c[0, 0].double())[None]
+        got = y if extra is not None else y[:1]
+        err = ((got.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
         if not err < 1e-4:  # NaN fails too
             raise SystemExit(f"{kind} {knobs}: max error {err:.2e} against float64")
         t = time_graph(fn, reps=args.reps, repeat=16)

@@ -357,9 +357,33 @@ def test_read_bandwidth_checks_every_variant_and_writes_its_table(tmp_path):
     table = out.with_suffix(".md").read_text()
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| torch", "| grid", "| persistent"] + ["| step"] * 4
-    assert "'chain': True, 'ring': True" in table
+    assert "'chain': True, 'ring': 'rows'" in table
     with pytest.raises(SystemExit):
         mod.main(["--rows", "4096", "--group-rows", "1024", "--step-rows", "64"])
+
+
+def test_read_bandwidth_gdn_layout_checks_both_products(tmp_path):
+    """With two vectors (GDN's S k and S q) in the GDN step layout every variant's two
+    outputs are checked against float64 (the ring adds to both, in either record layout),
+    and cuBLAS's one-vector GEMV is left out; a state that is no whole number of GDN batch rows is refused."""
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("read_bandwidth",
+                                                  ROOT / "benchmarks" / "read_bandwidth.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "rb"
+    assert mod.main(["--rows", "4096", "--group-rows", "256", "--vectors", "2", "--step-layout",
+                     "gdn", "--grid-rows", "32", "--persistent-rows", "--step-rows", "32",
+                     "--ring-layouts", "rows", "tiles", "--reps", "1", "--out", str(out)]) == 0
+    table = out.with_suffix(".md").read_text()
+    assert "2 vector(s) per 256 rows; step mocks in the gdn layout" in table
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| grid"] * 3 + ["| step"] * 6
+    assert "'chain': True, 'ring': 'tiles'" in table
+    with pytest.raises(SystemExit):
+        mod.main(["--rows", "6144", "--group-rows", "256", "--vectors", "2", "--step-layout",
+                  "gdn", "--grid-rows", "32", "--persistent-rows", "--step-rows", "32"])
 
 
 def _nan_counts_module(monkeypatch):
