@@ -374,12 +374,13 @@ def test_read_bandwidth_gdn_layout_checks_both_products(tmp_path):
     spec.loader.exec_module(mod)
     out = tmp_path / "rb"
     assert mod.main(["--rows", "4096", "--group-rows", "256", "--vectors", "2", "--step-layout",
-                     "gdn", "--grid-rows", "32", "--persistent-rows", "--step-rows", "32",
-                     "--ring-layouts", "rows", "tiles", "--reps", "1", "--out", str(out)]) == 0
+                     "gdn", "--grid-rows", "32", "--warps", "1", "--persistent-rows",
+                     "--step-rows", "32", "--ring-layouts", "rows", "tiles", "--reps", "1",
+                     "--out", str(out)]) == 0
     table = out.with_suffix(".md").read_text()
     assert "2 vector(s) per 256 rows; step mocks in the gdn layout" in table
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
-    assert [r.split(" | ")[0] for r in rows] == ["| grid"] * 3 + ["| step"] * 6
+    assert [r.split(" | ")[0] for r in rows] == ["| grid"] + ["| step"] * 6
     assert "'chain': True, 'ring': 'tiles'" in table
     with pytest.raises(SystemExit):
         mod.main(["--rows", "6144", "--group-rows", "256", "--vectors", "2", "--step-layout",
