@@ -126,7 +126,8 @@ def test_compiles_with_the_launch_specialization():
     ("mamba2-flush", "nvfp4-read/fp8-sr"), ("mamba2-nonflush", "shared-fp8"),
     ("gdn-nonflush", "nvfp4-read/fp32"), ("gdn-flush", "nvfp4-read/fp16-sr"),
     ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32"), ("gdn-verify-prep", "replay-fp32"),
-    ("mamba2-verify-prep", "nvfp4-read/fp16-sr"), ("emulate-gdn-prep", "replay-fp32")])
+    ("mamba2-verify-prep", "nvfp4-read/fp16-sr"), ("emulate-gdn-prep", "replay-fp32"),
+    ("read-bandwidth-step", "fp32")])
 def test_every_target_names_every_kernel_argument(name, preset):
     """A target's signature + constexprs cover every argument of its kernel that has no
     default, and every constexpr (compiling from source needs them even when defaulted): a
