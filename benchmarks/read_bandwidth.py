@@ -42,9 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decode import copy_bandwidth, time_graph  # noqa: E402
 
+from replayssm_quant.kernels.common import prefetch_l2  # noqa: E402
+
 # the step mocks' (heads, rows per head, ring record dtype) per layout
 STEP_LAYOUTS = {"mamba2": (128, 64, torch.bfloat16), "gdn": (32, 128, torch.float32)}
 RING_LAYOUTS = ("rows", "tiles")  # record-major (as the ring keeps them), tile-major
+# where a step mock loads its ring records: after the state products (as the GDN kernel),
+# loaded and summed before the state loads, loaded before them and summed after, or after
+# the products with their lines asked of L2 before the state loads
+RING_ORDERS = ("after", "before", "loads-first", "prefetch")
 
 
 @triton.jit
@@ -78,16 +84,35 @@ def _rowdot_persistent(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, ntiles, GROUP_ROWS: 
 
 
 @triton.jit
+def _ring_sum(xr_ptr, w_ptr, slot, b, h, t, p, c, H: tl.constexpr, P: tl.constexpr,
+              BR: tl.constexpr, CAP: tl.constexpr, RING: tl.constexpr):
+    """The ring's records (record-major with RING 1, tile-major with RING 2) and weights."""
+    TILES: tl.constexpr = P // BR
+    j = tl.arange(0, CAP)
+    if RING == 2:  # tile-major: (slot, head, tile, record, tile row)
+        rp = xr_ptr + ((slot * H + h) * TILES + t) * CAP * BR + j[:, None] * BR \
+            + tl.arange(0, BR)[None, :]
+    else:
+        rp = xr_ptr + (slot * H * CAP + h * CAP + j[:, None]) * P + p[None, :]
+    xr = tl.load(rp, mask=(j < c)[:, None], other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + (b * H + h) * CAP + j, mask=j < c, other=0.0)
+    return xr, w
+
+
+@triton.jit
 def _rowdot_step(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, slots_ptr, cur_ptr, xr_ptr, w_ptr,
                  H: tl.constexpr, P: tl.constexpr, GROUP_ROWS: tl.constexpr, BR: tl.constexpr,
                  N: tl.constexpr, CAP: tl.constexpr, L: tl.constexpr, CHAIN: tl.constexpr,
-                 RING: tl.constexpr, TWO: tl.constexpr):
+                 RING: tl.constexpr, TWO: tl.constexpr, ORDER: tl.constexpr = 0):
     """The tile product as a non-flush step forms it: with CHAIN the state's slot comes from
     ``slots[b]`` and the product is skipped unless the slot's cursor says the row does not
     flush (two dependent loads before the state load can start); with RING the row also
     adds its ring's weighted records (``c`` of CAP records of the tile's rows; with TWO to
     both products, as GDN's u records enter both w and o), laid out record-major (RING 1)
-    or tile-major (RING 2)."""
+    or tile-major (RING 2). ORDER places the records' loads in the program: 0 after the
+    state's products (as the GDN kernel's ring records), 1 loaded and summed before the
+    state's loads, 2 loaded before them and summed after the products, 3 as 0 with each
+    record's line of the tile prefetched to L2 before the state's loads."""
     TILES: tl.constexpr = P // BR
     pid = tl.program_id(0)
     t, h, b = pid % TILES, (pid // TILES) % H, pid // (TILES * H)
@@ -101,6 +126,17 @@ def _rowdot_step(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, slots_ptr, cur_ptr, xr_ptr
         slot = b
         c = L // 2 - 1  # the cursor the chained variant loads
     if c != L - 1:
+        if RING and ORDER == 3:  # each record's line of this tile asked of L2 first
+            jp = tl.arange(0, CAP)
+            if RING == 2:
+                pp = xr_ptr + (((slot * H + h) * TILES + t) * CAP + jp) * BR
+            else:
+                pp = xr_ptr + (slot * H * CAP + h * CAP + jp) * P + t * BR
+            prefetch_l2(pp, jp < c)
+        if RING and (ORDER == 1 or ORDER == 2):
+            xr, w = _ring_sum(xr_ptr, w_ptr, slot, b, h, t, p, c, H, P, BR, CAP, RING)
+            if ORDER == 1:
+                r = tl.sum(w[:, None] * xr, axis=0)
         S = tl.load(S_ptr + (slot * H * P + rows[:, None]) * N + n[None, :])
         g = (b * H * P + h * P) // GROUP_ROWS
         cv = tl.load(c_ptr + g * N + n)
@@ -108,15 +144,10 @@ def _rowdot_step(S_ptr, c_ptr, y_ptr, c2_ptr, y2_ptr, slots_ptr, cur_ptr, xr_ptr
         if TWO:
             y2 = tl.sum(S * tl.load(c2_ptr + g * N + n)[None, :], axis=1)
         if RING:
-            j = tl.arange(0, CAP)
-            if RING == 2:  # tile-major: (slot, head, tile, record, tile row)
-                rp = xr_ptr + ((slot * H + h) * TILES + t) * CAP * BR + j[:, None] * BR \
-                    + tl.arange(0, BR)[None, :]
-            else:
-                rp = xr_ptr + (slot * H * CAP + h * CAP + j[:, None]) * P + p[None, :]
-            xr = tl.load(rp, mask=(j < c)[:, None], other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + (b * H + h) * CAP + j, mask=j < c, other=0.0)
-            r = tl.sum(w[:, None] * xr, axis=0)
+            if ORDER == 0 or ORDER == 3:
+                xr, w = _ring_sum(xr_ptr, w_ptr, slot, b, h, t, p, c, H, P, BR, CAP, RING)
+            if ORDER != 1:
+                r = tl.sum(w[:, None] * xr, axis=0)
             y += r
             if TWO:
                 y2 += r
@@ -131,9 +162,11 @@ def variants(args) -> list[tuple[str, dict]]:
     out += [("persistent", {"rows": r, "warps": w, "stages": s, "per_sm": p})
             for r in args.persistent_rows for w in args.warps for s in args.stages
             for p in args.per_sm]
-    out += [("step", {"rows": r, "warps": 1, "chain": ch, "ring": rg})
-            for r in args.step_rows for ch in (False, True)
-            for rg in [False, *args.ring_layouts]]
+    out += [("step", {"rows": r, "warps": 1, "chain": ch, "ring": False})
+            for r in args.step_rows for ch in (False, True)]
+    out += [("step", {"rows": r, "warps": 1, "chain": ch, "ring": rg, "order": o})
+            for r in args.step_rows for ch in (False, True) for rg in args.ring_layouts
+            for o in args.ring_orders]
     return out
 
 
@@ -162,6 +195,7 @@ def runner(kind: str, knobs: dict, S, c, y, group_rows: int, sms: int, layout: s
         fn = lambda: _rowdot_step[(R // BR,)](  # noqa: E731
             S, c[0], y[0], c2, y2, slots, cur, xr, w, H=H, P=P, GROUP_ROWS=group_rows, BR=BR,
             N=N, CAP=CAP, L=16, CHAIN=knobs["chain"], RING=code, TWO=two,
+            ORDER=RING_ORDERS.index(knobs.get("order", "after")),
             num_warps=W)
         return fn, ring if knobs["ring"] else 0.0
     if kind == "grid":
@@ -196,6 +230,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ring-layouts", nargs="+", choices=RING_LAYOUTS, default=["rows"],
                     help="ring record layouts of the step mocks with a ring (rows: as the ring "
                          "keeps them; tiles: each tile's records contiguous)")
+    ap.add_argument("--ring-orders", nargs="+", choices=RING_ORDERS, default=["after"],
+                    help="where the step mocks with a ring load its records (after: once the "
+                         "state's products are formed, as the GDN kernel; before: loaded and "
+                         "summed before the state's loads; loads-first: loaded before them, "
+                         "summed after the products; prefetch: as after, with their lines "
+                         "asked of L2 before the state's loads)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", help="write OUT.md with the table")
     args = ap.parse_args(argv)

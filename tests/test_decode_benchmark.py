@@ -364,7 +364,8 @@ def test_read_bandwidth_checks_every_variant_and_writes_its_table(tmp_path):
 
 def test_read_bandwidth_gdn_layout_checks_both_products(tmp_path):
     """With two vectors (GDN's S k and S q) in the GDN step layout every variant's two
-    outputs are checked against float64 (the ring adds to both, in either record layout),
+    outputs are checked against float64 (the ring adds to both, in either record layout and
+    wherever its records are loaded),
     and cuBLAS's one-vector GEMV is left out; a state that is no whole number of GDN batch rows is refused."""
     import pytest
 
@@ -382,6 +383,14 @@ def test_read_bandwidth_gdn_layout_checks_both_products(tmp_path):
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| grid"] + ["| step"] * 6
     assert "'chain': True, 'ring': 'tiles'" in table
+    # the records loaded and summed first, loaded first and summed last, prefetched to L2
+    assert mod.main(["--rows", "4096", "--group-rows", "256", "--vectors", "2", "--step-layout",
+                     "gdn", "--grid-rows", "--persistent-rows", "--step-rows", "32",
+                     "--ring-orders", "before", "loads-first", "prefetch", "--reps", "1",
+                     "--out", str(out)]) == 0
+    table = out.with_suffix(".md").read_text()
+    for order in ("before", "loads-first", "prefetch"):
+        assert f"'chain': True, 'ring': 'rows', 'order': '{order}'" in table
     with pytest.raises(SystemExit):
         mod.main(["--rows", "6144", "--group-rows", "256", "--vectors", "2", "--step-layout",
                   "gdn", "--grid-rows", "32", "--persistent-rows", "--step-rows", "32"])

@@ -821,6 +821,27 @@ def wait_prior_grid(PDL: tl.constexpr):
 
 
 @triton.jit
+def prefetch_l2(ptrs, mask):
+    """Ask L2 for the lines at ``ptrs`` where ``mask`` holds (``prefetch.global.L2``): no
+    register receives them, so a later load of the same lines finds them in L2 without the
+    prefetch holding registers meanwhile. Nothing under the interpreter."""
+    if _PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_records(ptrs, live, n, BR: tl.constexpr):
+    """``prefetch_l2`` of the first ``n`` (at most BR) elements after each record pointer of
+    ``ptrs`` (LB,) where ``live``: one request per 128-byte line."""
+    LINE: tl.constexpr = 1024 // ptrs.dtype.element_ty.primitive_bitwidth
+    NSEG: tl.constexpr = (BR + LINE - 1) // LINE
+    seg = tl.arange(0, NSEG) * LINE
+    prefetch_l2(ptrs[:, None] + seg[None, :], live[:, None] & (seg[None, :] < n))
+
+
+@triton.jit
 def e2m1_words_fp16(x):
     """NVFP4 words (int32, each repeated over its word's eight positions: x[.., 8 w + p] =
     word w) -> fp16 (.., 8 w + p) = E2M1 value of nibble ``e2m1_word_nibble(p)`` times 2^-6.
