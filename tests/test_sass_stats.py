@@ -101,6 +101,21 @@ def test_programmatic_launch_assembles_for_sm90(name, preset, block, waits, rele
             assert (k["grid_waits"] > 0) == (waits > 0) and (k["grid_releases"] > 0) == (releases > 0)
 
 
+def test_gdn_fp8_nonflush_prefetches_its_ring_records():
+    """An fp8 read source makes the GDN non-flush step ask L2 for its ring's u lines before
+    the state's loads (``prefetch_records``, a no-op under the interpreter, so only the
+    compiled kernel can show it); an fp32 source, where it measured slower, does not."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    seen = {}
+    for preset in ("fp8-read/fp32", "replay-fp32"):
+        out = subprocess.run([sys.executable, str(TOOL), "gdn-nonflush", "--preset", preset,
+                              "--block", "32", "--warps", "1", "--pdl", "--json"],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[preset] = json.loads(out.stdout)["kernel"]["l2_prefetches"]
+    assert seen["fp8-read/fp32"] > 0 and seen["replay-fp32"] == 0, seen
+
+
 def test_compiles_with_the_launch_specialization():
     """Pointers and integers a launch marks divisible by 16 (not the ``do_not_specialize``
     ones) get ``tt.divisibility = 16``, as Triton's JIT gives them; every target resolves,

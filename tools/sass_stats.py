@@ -351,6 +351,8 @@ def summarize(sass: str) -> dict:
                 "local_memory": ops["LDL"] + ops["STL"], "shuffles": ops["SHFL"],
                 # griddepcontrol.wait / .launch_dependents (programmatic dependent launch)
                 "grid_waits": ops["ACQBULK"], "grid_releases": ops["PREEXIT"],
+                # prefetch.global.L2 (``prefetch_l2``)
+                "l2_prefetches": sum("CCTL" in ln and ".PF2" in ln for ln in ls),
                 "top_ops": dict(ops.most_common(8))}
 
     out = {"kernel": counts(lines)}
