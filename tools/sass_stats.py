@@ -126,7 +126,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig = _sig("S_ptr c_ptr y_ptr c2_ptr y2_ptr slots_ptr cur_ptr xr_ptr w_ptr",
                    {"slots_ptr": "*i32", "cur_ptr": "*i32"}, "*fp32")
         consts = dict(H=heads, P=rows, GROUP_ROWS=HV // HK * V, BR=block, N=K, CAP=16, L=16,
-                      CHAIN=True, RING=1, TWO=True)
+                      CHAIN=True, RING=1, TWO=True, ORDER=0)
         return rb._rowdot_step, sig, consts
     if name == "emulate-gdn-conv":
         if cfg.L != 1:
