@@ -90,7 +90,7 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
         inp = mamba2_inputs(len(SLOTS), steps, H, P, N, G, generator=g)
         S0 = torch.randn(NSLOTS, H, P, N, generator=g) * 0.3
     else:
-        HV, V, K, HK = 4, 16, 32, 2
+        HV, V, K, HK = 4, head_dim, 32, 2
         ref = gdn.init_gdn_state(cfg, NSLOTS, HV, V, K, HK, seed=11, layer=3, act_dtype=act)
         inp = gdn_inputs(len(SLOTS), steps, HV, V, K, HK, generator=g)
         S0 = torch.randn(NSLOTS, HV, V, K, generator=g) * 0.3
@@ -124,7 +124,7 @@ def _run(kind, cfg, steps=5, seed=0, nan_at=None, stagger=False, head_dim=16,
             a = {k: v[:, t].contiguous() for k, v in inp.items()}
             y_ref = gdn.decode_step(ref, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS)
             y = gdn_decode_step(cache, a["q"], a["k"], a["v"], a["g"], a["beta"], SLOTS,
-                                block_v=16, out=poison, **kw)
+                                out=poison, **{"block_v": 16, **kw})
         valid = SLOTS >= 0
         assert torch.isnan(y[~valid]).all(), "padding rows must not be written"
         yv, rv = y[valid], y_ref[valid]
@@ -878,3 +878,13 @@ def test_whole_head_non_flush_matches_reference(name):
         _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=None, whole_head=True,
              one_launch=one_launch)
     _run("mamba2", cfg, steps=2, head_dim=24, block_p=None, whole_head=False)
+
+
+@pytest.mark.parametrize("name", ["nvfp4-read/fp16-sr", "fp8-read/fp32", "shared-nvfp4"])
+def test_gdn_narrow_non_flush_where_tiles_do_not_divide_the_value_rows(name):
+    """A narrow source's non-flush program drops its row mask only where its tiles divide V
+    (``tile_rows``); with V = 24 and 16-row tiles the last tile is half past the head, and
+    every step and flush, one launch or apart, still matches the reference."""
+    cfg = _small_L(PRESETS[name])
+    for one_launch in (True, False):
+        _run("gdn", cfg, steps=cfg.L + 1, head_dim=24, one_launch=one_launch)

@@ -511,6 +511,18 @@ def row_head_tile(TILE_FIRST: tl.constexpr):
         return tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
 
+@triton.jit
+def tile_rows(vt, N: tl.constexpr, BR: tl.constexpr, WHOLE: tl.constexpr):
+    """Rows ``vt * BR + [0, BR)`` of a tile over N rows and their mask. With WHOLE (the
+    caller's promise that BR divides N) the mask is a constant, so ptxas need not carry it
+    through the tile's loads and stores."""
+    rows = vt * BR + tl.arange(0, BR)
+    if WHOLE:
+        return rows, tl.full((BR,), 1, tl.int1)
+    else:
+        return rows, rows < N
+
+
 def step_grid(rows: int, heads: int, tiles: int, tile_first: bool) -> tuple[int, int, int]:
     """The launch grid ``row_head_tile`` reads."""
     return (tiles, heads, rows) if tile_first else (rows, heads, tiles)
