@@ -279,8 +279,8 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
     mj = j < c
     # a narrow source's program drops its row mask where its tiles divide V: NVFP4's 64-row
     # program then takes 96 registers instead of 124 (Triton 3.6, sm_90) and its step ran
-    # 1.2-4.0% faster at batch 256 / 512; an fp32 source's took 132 instead of 151 but its
-    # step ran 2.0-2.5% slower (reports/kernels/tune_r232_whole_tiles.log)
+    # 1.2-4.0% faster at batch 256 / 512; an fp32 source's took 156 instead of 151 and its
+    # step ran 1.9-2.5% slower (reports/kernels/tune_r232_whole_tiles.log)
     WHOLE: tl.constexpr = (V % BV == 0) and (SRC_FMT != 0)
     vv, mv = tile_rows(vt, V, BV, WHOLE)
     q_row = q_ptr + (b * HK + hk) * K
