@@ -888,3 +888,14 @@ def test_gdn_narrow_non_flush_where_tiles_do_not_divide_the_value_rows(name):
     cfg = _small_L(PRESETS[name])
     for one_launch in (True, False):
         _run("gdn", cfg, steps=cfg.L + 1, head_dim=24, one_launch=one_launch)
+
+
+@pytest.mark.parametrize("name", ["nvfp4-read/fp32", "shared-nvfp4"])
+def test_mamba2_nvfp4_non_flush_where_tiles_do_not_divide_the_head(name):
+    """An NVFP4 source's Mamba-2 non-flush program drops its row mask only where its tiles
+    divide P (``tile_rows``); with P = 24 on 16-row tiles the last tile is a third past the
+    head, and every step and flush, one launch or apart, still matches the reference."""
+    cfg = _small_L(PRESETS[name])
+    for one_launch in (True, False):
+        _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=16, whole_head=False,
+             one_launch=one_launch)
