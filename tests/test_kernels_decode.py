@@ -894,8 +894,14 @@ def test_gdn_narrow_non_flush_where_tiles_do_not_divide_the_value_rows(name):
 def test_mamba2_nvfp4_non_flush_where_tiles_do_not_divide_the_head(name):
     """An NVFP4 source's Mamba-2 non-flush program drops its row mask only where its tiles
     divide P (``tile_rows``); with P = 24 on 16-row tiles the last tile is a third past the
-    head, and every step and flush, one launch or apart, still matches the reference."""
+    head, and with P = 28 in one program (16 + 16 rows) the second pass is a quarter past it.
+    Every step and flush, one launch or apart, still matches the reference."""
+    from replayssm_quant.kernels.mamba2 import whole_head_rows
+
+    assert whole_head_rows(28, 32) == (16, 16)
     cfg = _small_L(PRESETS[name])
     for one_launch in (True, False):
         _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=16, whole_head=False,
+             one_launch=one_launch)
+        _run("mamba2", cfg, steps=cfg.L + 1, head_dim=28, block_p=None, whole_head=True,
              one_launch=one_launch)
