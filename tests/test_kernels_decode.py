@@ -669,6 +669,8 @@ def test_persistent_grid_is_one_wave_of_resident_programs():
     from replayssm_quant.kernels.persistent import persistent_programs, programs_per_sm
 
     assert programs_per_sm(168, 1) == 12
+    assert programs_per_sm(151, 1) == 12  # three 152-register warps per scheduler, not 13 per SM
+    assert programs_per_sm(96, 1) == programs_per_sm(88, 1) == 20  # not 21 and 23
     assert programs_per_sm(255, 1) == 8
     assert programs_per_sm(128, 1) == 16
     assert programs_per_sm(72, 1) == 28

@@ -53,6 +53,7 @@ from replayssm_quant.kernels import emulate as em  # noqa: E402
 from replayssm_quant.kernels import gdn as kg  # noqa: E402
 from replayssm_quant.kernels import mamba2 as km  # noqa: E402
 from replayssm_quant.kernels.common import FMT_CODES, FMT_NONE  # noqa: E402
+from replayssm_quant.kernels.persistent import programs_per_sm  # noqa: E402
 from replayssm_quant.precision import PRESETS  # noqa: E402
 
 HV, HK, V, K = 32, 16, 128, 128
@@ -425,7 +426,8 @@ def launch_attrs(fn, signature: dict) -> dict:
 
 def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
                lines: bool = False, maxnreg: int | None = None) -> dict:
-    """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas); with
+    """Compile ``fn`` for sm_<arch> and summarise the SASS (registers from ptxas, and the
+    programs of ``num_warps`` warps an SM holds at them, ``programs_per_sm``); with
     ``lines``, also the per-source-line counts of the main loop (or of the whole kernel).
     ``maxnreg`` caps the registers per thread as the launch option of that name does."""
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
@@ -444,6 +446,9 @@ def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int 
                                    capture_output=True, text=True).stdout if lines else ""
     regs = re.search(r"REG:(\d+)", res)
     out = {"registers": int(regs.group(1)) if regs else None, **summarize(sass)}
+    if out["registers"]:  # registers are split among the SM's four schedulers
+        out["programs_per_sm"] = programs_per_sm(out["registers"], num_warps,
+                                                 kernel.metadata.shared)
     if lines:
         out["by_line"] = by_line(sass, line_table(annotated), out.get("loop_span"))
     return out
@@ -521,7 +526,7 @@ def main() -> None:
         print(json.dumps(s, indent=1))
         return
     print(f"{a.target} {a.preset} block {a.block} warps {a.warps} sm_{a.arch}: "
-          f"{s['registers']} registers")
+          f"{s['registers']} registers, {s.get('programs_per_sm', '?')} programs per SM")
     for part in ("kernel", "main_loop"):
         if part in s:
             c = s[part]
