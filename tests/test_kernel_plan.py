@@ -155,6 +155,25 @@ def test_h200_defaults_are_the_measured_ones():
     assert step_plan("nemotron-3-super", "shared-fp8", 256, fp8_decode="words").decode == "words8"
     assert step_plan("qwen3.5-4b", "nvfp4-read/fp32", 1, fp8_decode="words").decode == "words"
     assert step_plan("qwen3.5-4b", "replay-fp32", 1, fp8_decode="words").decode == ""
+    # register caps by default: GDN's fp8 word decode and Nano-4B's NVFP4 whole head, 80, in
+    # steps of separate launches; an explicit None or number wins
+    for c in ("fp8-read/fp32", "shared-fp8"):
+        assert [step_plan("qwen3.5-122b", c, b).maxnreg for b in (1, 4, 64, 256, 512)] == [
+            None, None, None, 80, 80]
+        assert step_plan("qwen3.5-4b", c, 256, fp8_decode="cvt").maxnreg is None
+        assert step_plan("qwen3.5-4b", c, 256, block_v=16).maxnreg is None
+        assert not any(step_plan("nemotron-3-super", c, b).maxnreg for b in (1, 256))
+    for c in ("nvfp4-read/fp16-sr", "shared-nvfp4"):
+        assert [step_plan("nemotron-3-nano-4b", c, b).maxnreg for b in (1, 4, 64, 256, 512)] == [
+            None, None, None, 80, 80]
+        assert step_plan("nemotron-3-nano-4b", c, 256, nvfp4_decode="words").maxnreg is None
+        assert step_plan("nemotron-3-nano-4b", c, 256, whole_head=False).maxnreg is None
+        assert step_plan("nemotron-3-super", c, 256).maxnreg is None
+        assert step_plan("qwen3.5-4b", c, 256).maxnreg is None
+    assert step_plan("nemotron-3-nano-4b", "replay-fp32", 256).maxnreg is None
+    assert step_plan("qwen3.5-4b", "fp8-read/fp32", 256, maxnreg=None).maxnreg is None
+    assert step_plan("nemotron-3-nano-4b", "shared-nvfp4", 256, maxnreg=96).maxnreg == 96
+    assert step_plan("qwen3.5-4b", "shared-fp8", 256).launches()[1]["maxnreg"] == 80
     # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
     a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")

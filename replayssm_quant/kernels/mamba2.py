@@ -48,6 +48,8 @@ from .common import (
 from .persistent import launch_persistent
 from .plan import FlushPlan, StepPlan, Target, check_knob_names, note_plan
 
+_DEFAULT = object()  # a knob left at its default (None is a value: no cap)
+
 
 def _fmt(st) -> int:
     return FMT_NONE if st is None else FMT_CODES[st.fmt]
@@ -724,7 +726,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                      flush_stages: int | None = None, flush_fold: str | None = None,
                      flush_precision: str | None = None, tile_first: bool | None = None,
                      fuse_advance: bool = True, fuse_prep: bool | None = None,
-                     maxnreg: int | None = None, flush_maxnreg: int | None = None,
+                     maxnreg: int | None | object = _DEFAULT, flush_maxnreg: int | None = None,
                      whole_head: bool | None = None, one_launch: bool | None = None,
                      nvfp4_decode: str | None = None, pdl: bool | str | None = None,
                      early_loads: bool | None = None, prep_groups: int | None = None,
@@ -736,7 +738,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
     target = Target.of(target)
     check_prep_groups(prep_groups, G, "groups")
-    register_cap(maxnreg)
+    register_cap(None if maxnreg is _DEFAULT else maxnreg)
     register_cap(flush_maxnreg)
     src = cfg.read or cfg.ckpt
     mode = _nvfp4_decode(nvfp4_decode)
@@ -767,12 +769,16 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                 groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
                 rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
                 grid=step_grid(batch, H, tiles, tile_first), warps=num_warps or kw,
-                maxnreg=maxnreg, decode=decode, early_loads=bool(early_loads), lut=bool(lut))
+                maxnreg=None if maxnreg is _DEFAULT else maxnreg, decode=decode,
+                early_loads=bool(early_loads), lut=bool(lut))
     if capacity == 0:
         return StepPlan(**{**base, "decode": "", "early_loads": False},
                         separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
     fp = ol or (fused_prep_default(batch) if fuse_prep is None else fuse_prep)
+    if maxnreg is _DEFAULT:
+        base["maxnreg"] = mamba2_nonflush_maxnreg_default(decode, BP2, base["warps"], kw, fp,
+                                                          batch)
     pg = None if fp else prep_groups or prep_groups_default(batch, G)
     # programmatic launches: the non-flush launch after the ring products, the flush after it
     prep_pdl = use_pdl and "prep" in pdl_edges
@@ -928,6 +934,26 @@ def whole_head_rows(P: int, N: int) -> tuple[int, int] | None:
     if bp == P or bp > cap or P - bp > bp:
         return None
     return bp, triton.next_power_of_2(P - bp)
+
+
+def mamba2_nonflush_maxnreg_default(decode: str, rows2: int, warps: int, default_warps: int,
+                                    fused: bool, batch: int) -> int | None:
+    """The register cap of a Mamba-2 non-flush program left at its default ``maxnreg``,
+    measured on the H200: 80 from batch 256 for a whole-head program of two passes
+    (Nemotron-3-Nano-4B's 64 + 16 rows) that decodes an NVFP4 source through E4M3 bytes, on
+    its default one warp. It takes 96 registers uncapped and 80 capped, with the same 2336
+    instructions and no spills; an SM then holds 24 one-warp programs instead of 20
+    (``persistent.programs_per_sm``), and the non-flush step is 1.1-2.2% faster at batch
+    256 and 1.5-2.0% at 512 (reports/kernels/tune_r244_regcap_default.log; a cap of 88,
+    still 20 programs per SM, was 1.5-2.5% slower, tune_r243_nonflush_regcap.log). At batch
+    16 and 64 the three NVFP4 presets moved both ways (-6.9% to +2.0%, 0.1-0.8 us), so the
+    cap waits for batch 256. Elsewhere None: Nemotron-3-Super's program takes 72 registers
+    uncapped and 80 under that cap (28 -> 24 programs per SM), an fp8 source spills at 80,
+    and a step with its ring products fused in holds more."""
+    if (decode == "e4m3" and rows2 > 0 and warps == default_warps == 1 and not fused
+            and batch >= 256):
+        return 80
+    return None
 
 
 def whole_head_default(cfg, one_launch: bool = False) -> bool:
@@ -1481,7 +1507,6 @@ def verify_maxnreg_default(batch: int) -> int | None:
     return VERIFY_MAXNREG if batch >= VERIFY_CAP_MIN_BATCH else None
 
 
-_DEFAULT = object()  # a knob left at its default (None is a value: no cap)
 
 
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
