@@ -725,7 +725,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     are keyword arguments, resolved and checked by ``gdn_step_plan``. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
-    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg``, ``flush_maxnreg``, ``one_launch``,
+    ``fuse_advance=False``; ``fuse_prep``, ``maxnreg`` (default
+    ``gdn_nonflush_maxnreg_default``), ``flush_maxnreg``, ``one_launch``,
     ``pdl``, ``early_loads``, ``prep_groups`` (key heads per ring-products program),
     ``fp8_decode`` (default ``gdn_fp8_decode_default``) and ``flush_tma`` as for Mamba-2,
     except that ``early_loads`` is off by default: at batch 1 it added 1.1-3.2 us to the

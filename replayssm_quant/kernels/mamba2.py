@@ -630,7 +630,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     and the flush list itself, one launch fewer. ``whole_head`` (default
     ``whole_head_default``, at the default tile rows) has each non-flush program cover a whole
     head whose dim is no power of two in two row passes (``whole_head_rows``). ``maxnreg`` /
-    ``flush_maxnreg`` cap the registers of the step / flush programs (``register_cap``).
+    ``flush_maxnreg`` cap the registers of the step / flush programs (``register_cap``; None:
+    no cap; ``maxnreg`` by default ``mamba2_nonflush_maxnreg_default``).
     ``one_launch`` (default ``one_launch_default``: small batches) makes the whole step one
     launch: conventional programs and flushing rows' programs do their work on the step's
     tiles (records folded one by one, so the flush knobs do not apply) and the last program
