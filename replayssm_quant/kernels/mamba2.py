@@ -946,7 +946,7 @@ def mamba2_nonflush_maxnreg_default(decode: str, rows2: int, warps: int, default
     instructions and no spills; an SM then holds 24 one-warp programs instead of 20
     (``persistent.programs_per_sm``), and the non-flush step is 1.1-2.2% faster at batch
     256 and 1.5-2.0% at 512 (reports/kernels/tune_r244_regcap_default.log; a cap of 88,
-    still 20 programs per SM, was 1.5-2.5% slower, tune_r243_nonflush_regcap.log). At batch
+    still 20 programs per SM, was 1.4-2.5% slower, tune_r243_nonflush_regcap.log). At batch
     16 and 64 the three NVFP4 presets moved both ways (-6.9% to +2.0%, 0.1-0.8 us), so the
     cap waits for batch 256. Elsewhere None: Nemotron-3-Super's program takes 72 registers
     uncapped and 80 under that cap (28 -> 24 programs per SM), an fp8 source spills at 80,
