@@ -2,6 +2,7 @@
 their plan says, the plan's defaults on the H200 are the measured ones, bad knobs fail before
 any launch, and ``replayssm-quant plan`` prints it."""
 
+import dataclasses
 import json
 
 import pytest
@@ -174,6 +175,28 @@ def test_h200_defaults_are_the_measured_ones():
     assert step_plan("qwen3.5-4b", "fp8-read/fp32", 256, maxnreg=None).maxnreg is None
     assert step_plan("nemotron-3-nano-4b", "shared-nvfp4", 256, maxnreg=96).maxnreg == 96
     assert step_plan("qwen3.5-4b", "shared-fp8", 256).launches()[1]["maxnreg"] == 80
+    # GDN's record-replay flushes from batch 256 on their default tiles: 168 for an fp8 copy
+    # of an fp32 checkpoint, 80 for the copies of an SR checkpoint; an explicit knob wins
+    for shape in ("qwen3.5-4b", "qwen3.5-122b"):
+        for c, cap in (("fp8-read/fp32", 168), ("nvfp4-read/fp16-sr", 80),
+                       ("nvfp4-read/fp8-sr", 80), ("fp8-read/fp32@L8", 168)):
+            cfg = PRESETS[c.split("@")[0]]
+            if "@" in c:
+                cfg = dataclasses.replace(cfg, L=8)
+            assert [step_plan(shape, cfg, b).flush.maxnreg for b in (16, 64, 256, 512)] == [
+                None, None, cap, cap]
+            assert step_plan(shape, cfg, 256, flush_maxnreg=None).flush.maxnreg is None
+            assert step_plan(shape, cfg, 256, flush_maxnreg=96).flush.maxnreg == 96
+            assert step_plan(shape, cfg, 256, flush_warps=4).flush.maxnreg is None
+            assert step_plan(shape, cfg, 256, flush_block_v=8).flush.maxnreg is None
+        for c in ("replay-fp32", "nvfp4-read/fp32", "shared-nvfp4", "shared-fp8"):
+            assert step_plan(shape, c, 256).flush.maxnreg is None
+    flush = [x for x in step_plan("qwen3.5-4b", "fp8-read/fp32", 256).launches()
+             if x["launch"] == "flush (persistent)"]
+    assert flush[0]["maxnreg"] == 168
+    for c in ("fp8-read/fp32", "nvfp4-read/fp16-sr", "nvfp4-read/fp8-sr", "shared-nvfp4"):
+        assert step_plan("nemotron-3-super", c, 256).flush.maxnreg is None
+    assert step_plan("qwen3.5-4b", "fp8-read/fp32", 1).flush is None  # one launch
     # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
     a100 = step_plan("nemotron-3-super", "replay-fp32", 64, "a100")

@@ -674,6 +674,31 @@ def gdn_nonflush_maxnreg_default(decode: str, rows: int, warps: int, default_row
     return None
 
 
+def gdn_flush_maxnreg_default(cfg, records: bool, rows: int, warps: int, batch: int,
+                              min_batch: int = 256) -> int | None:
+    """The register cap of a GDN flush program left at its default ``flush_maxnreg``,
+    measured on the H200 from batch 256: where the flush replays the window record by record
+    on its default tiles (``gdn_flush_knobs``), 168 for an fp8 copy of an fp32 checkpoint
+    (one-warp 16-row tiles: 225 registers and 8 programs per SM uncapped, 168 with 21 spill
+    instructions and 12 per SM) and 80 for the copies of an SR checkpoint (32 rows on 8 warps:
+    112-120 registers and 2 programs per SM, 80 with 6-14 spill instructions and 3 per SM;
+    ``persistent.programs_per_sm``). Flush us without -> with the cap at batch 256 / 512 on
+    Qwen3.5-4B and 122B (reports/kernels/tune_r247_flush_caps.log): fp8-read/fp32 920.7 ->
+    875.4, 1821.4 -> 1709.3, 1807.1 -> 1679.3, 3593.1 -> 3332.3 (5-7% faster);
+    nvfp4-read/fp8-sr 1.9-2.7% faster, nvfp4-read/fp16-sr 0.4-1.5%. Elsewhere None: the
+    NVFP4 copy of an fp32 checkpoint (168 registers) spills 155 instructions at 128, the
+    NVFP4 checkpoint's flush ran 2.8-4.2% slower at 128, and Mamba-2's flushes at the next
+    step ran 1.2% faster to 9.8% slower."""
+    if batch < min_batch or not (records and cfg.recompute_u):
+        return None
+    fold, fblock, fwarps = gdn_flush_knobs(cfg)
+    if (rows, warps) != (fblock, fwarps):
+        return None
+    if cfg.uses_sr:
+        return 80
+    return 168 if cfg.read is not None and cfg.read.name.startswith("fp8") else None
+
+
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
     """(value rows, warps) per program of the conventional / non-flush step, measured on the
     H200 at batch 256 (reports/kernels): conventional 32 rows / 8 warps, 8 / 2 with fp16 SR
@@ -726,7 +751,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
     ``fuse_advance=False``; ``fuse_prep``, ``maxnreg`` (default
-    ``gdn_nonflush_maxnreg_default``), ``flush_maxnreg``, ``one_launch``,
+    ``gdn_nonflush_maxnreg_default``), ``flush_maxnreg`` (default
+    ``gdn_flush_maxnreg_default``; None: no cap), ``one_launch``,
     ``pdl``, ``early_loads``, ``prep_groups`` (key heads per ring-products program),
     ``fp8_decode`` (default ``gdn_fp8_decode_default``) and ``flush_tma`` as for Mamba-2,
     except that ``early_loads`` is off by default: at batch 1 it added 1.1-3.2 us to the
@@ -814,7 +840,8 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                   flush_stages: int | None = None, flush_fold: str | None = None,
                   flush_precision: str | None = None, tile_first: bool | None = None,
                   fuse_advance: bool = True, fuse_prep: bool | None = None,
-                  maxnreg: int | None | object = _DEFAULT, flush_maxnreg: int | None = None,
+                  maxnreg: int | None | object = _DEFAULT,
+                  flush_maxnreg: int | None | object = _DEFAULT,
                   one_launch: bool | None = None, pdl: bool | str | None = None,
                   early_loads: bool = False, prep_groups: int | None = None,
                   flush_tma: bool | None = None, fp8_decode: str | None = None) -> StepPlan:
@@ -826,12 +853,13 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     target = Target.of(target)
     check_prep_groups(prep_groups, HK, "key heads")
     register_cap(None if maxnreg is _DEFAULT else maxnreg)
-    register_cap(flush_maxnreg)
+    fmaxnreg = None if flush_maxnreg is _DEFAULT else flush_maxnreg
+    register_cap(fmaxnreg)
     src = cfg.read or cfg.ckpt
     decode = (("lut" if lut else "words") if src.name == "nvfp4" else
               fp8_decode_of(fp8_decode, src.name, capacity, gdn_fp8_decode_default(batch)))
     flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
-                   flush_precision, flush_maxnreg, flush_tma or None)
+                   flush_precision, fmaxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
                             step_state=batch * HV * V * K,
                             light_flush=cfg.read is None and cfg.ckpt.name == "fp32")
@@ -866,10 +894,12 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     flush = None
     if not ol:
         tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, target, ckpt_data)
+        if flush_maxnreg is _DEFAULT:
+            fmaxnreg = gdn_flush_maxnreg_default(cfg, records, BVF, FW, batch)
         flush = FlushPlan(
             fold="records" if records else "dot", rows=BVF, warps=FW, precision=fprec,
             stages=flush_stages or gdn_flush_stages(fprec, records, cfg, tma), tma=tma,
-            tiles=batch * HV * triton.cdiv(V, BVF), per_sm=flush_per_sm, maxnreg=flush_maxnreg,
+            tiles=batch * HV * triton.cdiv(V, BVF), per_sm=flush_per_sm, maxnreg=fmaxnreg,
             pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance,
             recompute_u=cfg.recompute_u, ut=ut)
     return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
