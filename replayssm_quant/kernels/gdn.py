@@ -688,7 +688,7 @@ def gdn_flush_maxnreg_default(cfg, records: bool, rows: int, warps: int, batch: 
     nvfp4-read/fp8-sr 1.9-2.7% faster, nvfp4-read/fp16-sr 0.4-1.5%. Elsewhere None: the
     NVFP4 copy of an fp32 checkpoint (168 registers) spills 155 instructions at 128, the
     NVFP4 checkpoint's flush ran 2.8-4.2% slower at 128, and Mamba-2's flushes at the next
-    step ran 1.2% faster to 9.8% slower."""
+    step ran 1.3% faster to 9.7% slower."""
     if batch < min_batch or not (records and cfg.recompute_u):
         return None
     fold, fblock, fwarps = gdn_flush_knobs(cfg)
