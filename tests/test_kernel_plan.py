@@ -114,7 +114,7 @@ def test_h200_defaults_are_the_measured_ones():
     assert nano4.rows2 == 16 and not nano4.tile_first and nano4.grid == (256, 96, 1)
     q = step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 256)
     assert (q.flush.fold, q.flush.rows, q.flush.warps, q.flush.recompute_u, q.flush.ut) == (
-        "records", 32, 8, True, False)
+        "records", 16, 4, True, False)
     assert q.decode == "words" and step_plan("nemotron-3-super", "nvfp4-read/fp16-sr", 256).decode == "e4m3"
     assert q.prep_groups == 2 and q.prep_grid == (256, 8, 1)
     one = step_plan("qwen3.5-122b", "nvfp4-read/fp16-sr", 1)
@@ -175,21 +175,28 @@ def test_h200_defaults_are_the_measured_ones():
     assert step_plan("qwen3.5-4b", "fp8-read/fp32", 256, maxnreg=None).maxnreg is None
     assert step_plan("nemotron-3-nano-4b", "shared-nvfp4", 256, maxnreg=96).maxnreg == 96
     assert step_plan("qwen3.5-4b", "shared-fp8", 256).launches()[1]["maxnreg"] == 80
-    # GDN's record-replay flushes from batch 256 on their default tiles: 168 for an fp8 copy
-    # of an fp32 checkpoint, 80 for the copies of an SR checkpoint; an explicit knob wins
+    # GDN's record replays of a read copy on their default tiles: 16 rows on 4 warps capped
+    # at 64 for an SR checkpoint's copies from batch 64 (32 rows on 8 warps, no cap, below),
+    # 16 rows on 2 warps at 128 for an NVFP4 copy of an fp32 checkpoint, one warp at 168
+    # for an fp8 copy from batch 64; an explicit knob wins
     for shape in ("qwen3.5-4b", "qwen3.5-122b"):
-        for c, cap in (("fp8-read/fp32", 168), ("nvfp4-read/fp16-sr", 80),
-                       ("nvfp4-read/fp8-sr", 80), ("fp8-read/fp32@L8", 168)):
+        for c, tiles, caps in (
+                ("fp8-read/fp32", [(16, 1)] * 4, [None, None, 168, 168]),
+                ("fp8-read/fp32@L8", [(16, 1)] * 4, [None, None, 168, 168]),
+                ("nvfp4-read/fp32", [(16, 2)] * 4, [128] * 4),
+                ("nvfp4-read/fp16-sr", [(32, 8), (32, 8), (16, 4), (16, 4)], [None, None, 64, 64]),
+                ("nvfp4-read/fp8-sr", [(32, 8), (32, 8), (16, 4), (16, 4)], [None, None, 64, 64])):
             cfg = PRESETS[c.split("@")[0]]
             if "@" in c:
                 cfg = dataclasses.replace(cfg, L=8)
-            assert [step_plan(shape, cfg, b).flush.maxnreg for b in (16, 64, 256, 512)] == [
-                None, None, cap, cap]
+            plans = [step_plan(shape, cfg, b).flush for b in (16, 63, 64, 512)]
+            assert [(f.rows, f.warps) for f in plans] == tiles, c
+            assert [f.maxnreg for f in plans] == caps, c
             assert step_plan(shape, cfg, 256, flush_maxnreg=None).flush.maxnreg is None
             assert step_plan(shape, cfg, 256, flush_maxnreg=96).flush.maxnreg == 96
-            assert step_plan(shape, cfg, 256, flush_warps=4).flush.maxnreg is None
+            assert step_plan(shape, cfg, 256, flush_warps=8).flush.maxnreg is None
             assert step_plan(shape, cfg, 256, flush_block_v=8).flush.maxnreg is None
-        for c in ("replay-fp32", "nvfp4-read/fp32", "shared-nvfp4", "shared-fp8"):
+        for c in ("replay-fp32", "shared-nvfp4", "shared-fp8"):
             assert step_plan(shape, c, 256).flush.maxnreg is None
     flush = [x for x in step_plan("qwen3.5-4b", "fp8-read/fp32", 256).launches()
              if x["launch"] == "flush (persistent)"]

@@ -37,8 +37,8 @@ def test_program_targets_follow_the_plans():
     assert t["target"] == "mamba2-nonflush" and t["block"] == 64 and t["warps"] == 1
     assert t["consts"]["P"] == 80 and t["consts"]["BP2"] == 16 and t["plan_cap"] == 80
     f = m.program_target("qwen3.5-122b-a10b", "nvfp4-read/fp16-sr", 256, "flush")
-    assert f["target"] == "gdn-flush" and (f["block"], f["warps"]) == (32, 8)
-    assert f["consts"]["HV"] == 64 and f["kw"]["fold"] == "records" and f["plan_cap"] == 80
+    assert f["target"] == "gdn-flush" and (f["block"], f["warps"]) == (16, 4)
+    assert f["consts"]["HV"] == 64 and f["kw"]["fold"] == "records" and f["plan_cap"] == 64
 
 
 def test_scans_one_program_for_sm90():

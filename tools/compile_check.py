@@ -58,9 +58,11 @@ VARIANTS: list[tuple[str, str, int, int, dict]] = [
     ("mamba2-flush", "shared-fp8", 16, 1, {"fold": "dot", "precision": "bf16x3"}),
     ("mamba2-flush", "shared-nvfp4", 8, 1, {"fold": "records"}),
     ("gdn-flush", "replay-fp32", 16, 1, {"fold": "dot", "precision": "bf16x3", "tma": True}),
-    ("gdn-flush", "nvfp4-read/fp16-sr", 32, 8, {"fold": "records"}),
-    ("gdn-flush", "nvfp4-read/fp32", 16, 1, {"fold": "records"}),
-    ("gdn-flush", "nvfp4-read/fp8-sr", 32, 8, {"fold": "records"}),
+    ("gdn-flush", "nvfp4-read/fp16-sr", 16, 4, {"fold": "records"}),
+    ("gdn-flush", "nvfp4-read/fp16-sr", 32, 8, {"fold": "records"}),  # below batch 64
+    ("gdn-flush", "nvfp4-read/fp32", 16, 2, {"fold": "records"}),
+    ("gdn-flush", "nvfp4-read/fp8-sr", 16, 4, {"fold": "records"}),
+    ("gdn-flush", "nvfp4-read/fp8-sr", 32, 8, {"fold": "records"}),  # below batch 64
     ("gdn-flush", "fp8-read/fp32", 16, 1, {"fold": "records"}),
     ("gdn-flush", "shared-fp8", 16, 1, {"fold": "dot", "precision": "bf16x3"}),
     ("gdn-flush", "shared-nvfp4", 8, 1, {"fold": "records"}),

@@ -601,11 +601,17 @@ def gdn_tile_first(capacity: int, narrow: bool = True) -> bool:
     return capacity == 0 or not narrow
 
 
-def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
-    """(flush_fold, value rows, warps) defaults of the GDN flush, measured on the H200
-    (reports/kernels/tune_r31_gdn_recompute_records.log): where the flush recomputes u (a
-    narrow read copy), ``"records"`` replays the window from the checkpoint record by record
-    with 32 rows and 8 warps: Qwen3.5-122B nvfp4-read/fp16-sr flush 4.4 -> 2.4 ms at batch
+# From this batch the replays of an SR checkpoint's copies take 16-row four-warp tiles
+# capped at 64 registers and an fp8 copy's replay is capped at 168 (gdn_flush_knobs,
+# gdn_flush_maxnreg_default); below it they were 0-6.6% slower (tune_r252_new_tiles.log).
+READ_COPY_FLUSH_MIN_BATCH = 64
+
+
+def gdn_flush_knobs(cfg, batch: int = 256) -> tuple[str, int, int]:
+    """(flush_fold, value rows, warps) defaults of the GDN flush at ``batch`` rows, measured
+    on the H200 (reports/kernels/tune_r31_gdn_recompute_records.log): where the flush
+    recomputes u (a narrow read copy), ``"records"`` replays the window from the checkpoint
+    record by record: Qwen3.5-122B nvfp4-read/fp16-sr flush 4.4 -> 2.4 ms at batch
     256 and 31 -> 21 us at batch 1, against the UT transform's ``X (I + M)^-T``, whose
     products spilled; otherwise ``"dot"`` (the u's from the ring) on one-warp tiles for a
     checkpoint without SR: 16 rows for fp32 (Qwen3.5-122B 1432 -> 937 us, 4B 744 -> 457 us,
@@ -614,13 +620,25 @@ def gdn_flush_knobs(cfg) -> tuple[str, int, int]:
     rows once its products run on tensor cores, 1028 -> 712 us and 521 -> 371 us,
     tune_r147_fp8_tiles.log), the NVFP4 checkpoint
     folding record by record once the keys load in the state's layout (1534 -> 1286 us and
-    780 -> 657 us, tune_r53_flush_variants.log); else 32 rows and ``_flush_warps`` warps. The
-    fp8 / NVFP4 copies of an fp32 checkpoint replay on one-warp 16-row tiles."""
+    780 -> 657 us, tune_r53_flush_variants.log); else 32 rows and ``_flush_warps`` warps.
+
+    The replays of a read copy take 16 rows: an fp8 copy of an fp32 checkpoint on one warp
+    (4B 1106 -> 1016 us, tune_r51), an NVFP4 copy of one on two warps and, from
+    ``READ_COPY_FLUSH_MIN_BATCH``, an SR checkpoint's copies on four (32 rows on eight
+    below it), the last two with the register caps of ``gdn_flush_maxnreg_default``. Window
+    us against 16 rows on one warp (NVFP4 copy) and 32 rows on eight (SR, capped at 80 from
+    batch 256) on Qwen3.5-4B / 122B (reports/kernels/tune_r252_new_tiles.log):
+
+    - nvfp4-read/fp32: batch 8 8.5 / 13.1 against 9.6 / 14.1, batch 64 30.4 / 56.2 against
+      33.9 / 58.2, batch 256 107.2 / 204.3 against 113.1 / 207.6, batch 512 206.4 / 400.0
+      against 215.8 / 403.5 (L = 8: 3-10% faster, tune_r251_flush_tiles_window.log);
+    - nvfp4-read/fp16-sr 1.4-2.7% faster from batch 64 (batch 256: 119.5 / 228.0 against
+      122.8 / 233.6), nvfp4-read/fp8-sr 0.5-1.5%; at batch 8 and 16 they were 0-6.6%
+      slower."""
     if cfg.recompute_u:
-        if not cfg.uses_sr:  # fp8 / NVFP4 copy of an fp32 checkpoint: one-warp tiles (fp8 on
-            # 4B 1106 -> 1016 us, tune_r51; NVFP4 on 122B 2076 -> 1834 us, tune_r53)
-            return "records", 16, 1
-        return "records", 32, 8
+        if not cfg.uses_sr:  # fp8 / NVFP4 copy of an fp32 checkpoint
+            return "records", 16, 2 if cfg.read.name == "nvfp4" else 1
+        return ("records", 16, 4) if batch >= READ_COPY_FLUSH_MIN_BATCH else ("records", 32, 8)
     if cfg.ckpt.name == "nvfp4" and not cfg.uses_sr:  # 122B 1534 -> 1286 us (tune_r53)
         return "records", 8, 1
     if not cfg.uses_sr:  # fp32 or fp8 checkpoint (bf16x3 products on a bf16 ring)
@@ -674,29 +692,40 @@ def gdn_nonflush_maxnreg_default(decode: str, rows: int, warps: int, default_row
     return None
 
 
-def gdn_flush_maxnreg_default(cfg, records: bool, rows: int, warps: int, batch: int,
-                              min_batch: int = 256) -> int | None:
+def gdn_flush_maxnreg_default(cfg, records: bool, rows: int, warps: int, batch: int) -> int | None:
     """The register cap of a GDN flush program left at its default ``flush_maxnreg``,
-    measured on the H200 from batch 256: where the flush replays the window record by record
-    on its default tiles (``gdn_flush_knobs``), 168 for an fp8 copy of an fp32 checkpoint
-    (one-warp 16-row tiles: 225 registers and 8 programs per SM uncapped, 168 with 21 spill
-    instructions and 12 per SM) and 80 for the copies of an SR checkpoint (32 rows on 8 warps:
-    112-120 registers and 2 programs per SM, 80 with 6-14 spill instructions and 3 per SM;
-    ``persistent.programs_per_sm``). Flush us without -> with the cap at batch 256 / 512 on
-    Qwen3.5-4B and 122B (reports/kernels/tune_r247_flush_caps.log): fp8-read/fp32 920.7 ->
-    875.4, 1821.4 -> 1709.3, 1807.1 -> 1679.3, 3593.1 -> 3332.3 (5-7% faster);
-    nvfp4-read/fp8-sr 1.9-2.7% faster, nvfp4-read/fp16-sr 0.4-1.5%. Elsewhere None: the
-    NVFP4 copy of an fp32 checkpoint (168 registers) spills 155 instructions at 128, the
-    NVFP4 checkpoint's flush ran 2.8-4.2% slower at 128, and Mamba-2's flushes at the next
-    step ran 1.3% faster to 9.7% slower."""
-    if batch < min_batch or not (records and cfg.recompute_u):
+    measured on the H200, where the flush replays the window record by record on its
+    default tiles at ``batch`` (``gdn_flush_knobs``; programs per SM from
+    ``persistent.programs_per_sm``):
+
+    - an SR checkpoint's copies, from ``READ_COPY_FLUSH_MIN_BATCH`` (16 rows on 4 warps):
+      64. 96-127 registers and 4-5 programs per SM uncapped, 64 with 64-71 spill
+      instructions and 8 per SM; the flush alone at batch 256 1140.5 -> 1097.1 us
+      (nvfp4-read/fp16-sr, Qwen3.5-4B) and 1265.1 -> 1208.5 (fp8-sr),
+      reports/kernels/tune_r250_flush_tiles.log;
+    - an NVFP4 copy of an fp32 checkpoint (16 rows on 2 warps): 128. 158 registers and 6
+      per SM uncapped, 128 with 1 spill instruction and 8 per SM;
+    - an fp8 copy of an fp32 checkpoint (16 rows on 1 warp), from
+      ``READ_COPY_FLUSH_MIN_BATCH``: 168. 225 registers and 8 per SM uncapped, 168 with
+      6-21 spill instructions and 12 per SM. Flush us without -> with the cap at batch 256 /
+      512 on Qwen3.5-4B and 122B (tune_r247_flush_caps.log): 920.7 -> 875.4, 1821.4 ->
+      1709.3, 1807.1 -> 1679.3, 3593.1 -> 3332.3; windows 6.2-9.4% faster
+      (tune_r249_flush_cap_default.log), at batch 64 36.5 -> 34.6 and 66.0 -> 61.7 us, at
+      batch 8 8.0 -> 8.2 and 13.7 -> 13.7 (tune_r252_new_tiles.log). Its 8-row tiles at 96
+      and two-warp tiles at 128 ran the flush alone 3-8% faster at batch 256 but the windows
+      0.4-1.8% slower (tune_r250, tune_r251).
+
+    Elsewhere None: the NVFP4 checkpoint's flush ran 2.8-4.2% slower at 128, and Mamba-2's
+    flushes at the next step ran 1.3% faster to 9.7% slower."""
+    if not (records and cfg.recompute_u):
         return None
-    fold, fblock, fwarps = gdn_flush_knobs(cfg)
-    if (rows, warps) != (fblock, fwarps):
+    if (rows, warps) != gdn_flush_knobs(cfg, batch)[1:]:
         return None
-    if cfg.uses_sr:
-        return 80
-    return 168 if cfg.read is not None and cfg.read.name.startswith("fp8") else None
+    if cfg.read.name == "nvfp4" and not cfg.uses_sr:
+        return 128
+    if batch < READ_COPY_FLUSH_MIN_BATCH:
+        return None
+    return 64 if cfg.uses_sr else (168 if cfg.read.name.startswith("fp8") else None)
 
 
 def gdn_step_knobs(cfg, V: int) -> tuple[int, int]:
@@ -878,7 +907,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     if capacity == 0:
         return StepPlan(**base, separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
-    fold, fblock, fwarps = gdn_flush_knobs(cfg)
+    fold, fblock, fwarps = gdn_flush_knobs(cfg, batch)
     records = _records(flush_fold or fold)
     ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
     BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
