@@ -201,8 +201,25 @@ def test_h200_defaults_are_the_measured_ones():
     flush = [x for x in step_plan("qwen3.5-4b", "fp8-read/fp32", 256).launches()
              if x["launch"] == "flush (persistent)"]
     assert flush[0]["maxnreg"] == 168
-    for c in ("fp8-read/fp32", "nvfp4-read/fp16-sr", "nvfp4-read/fp8-sr", "shared-nvfp4"):
+    for c in ("fp8-read/fp32", "nvfp4-read/fp8-sr", "nvfp4-read/fp32", "shared-nvfp4",
+              "replay-fp32"):
         assert step_plan("nemotron-3-super", c, 256).flush.maxnreg is None
+    # Mamba-2's NVFP4 copy of an fp16-SR checkpoint: 16 rows on 2 warps capped at 168 at
+    # every batch of a persistent flush; other tiles or an explicit cap take no default
+    for shape in ("nemotron-3-super", "nemotron-3-nano-4b"):
+        for cfg in (PRESETS["nvfp4-read/fp16-sr"],
+                    dataclasses.replace(PRESETS["nvfp4-read/fp16-sr"], L=8)):
+            plans = [step_plan(shape, cfg, b).flush for b in (8, 64, 256, 512)]
+            assert [(f.fold, f.rows, f.warps, f.maxnreg) for f in plans] == [
+                ("records", 16, 2, 168)] * 4
+            assert step_plan(shape, cfg, 256, flush_maxnreg=None).flush.maxnreg is None
+            assert step_plan(shape, cfg, 256, flush_maxnreg=96).flush.maxnreg == 96
+            assert step_plan(shape, cfg, 256, flush_block_p=4).flush.maxnreg is None
+            assert step_plan(shape, cfg, 256, flush_warps=1).flush.maxnreg is None
+            assert step_plan(shape, cfg, 256, flush_fold="dot").flush.maxnreg is None
+    assert step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 1).flush is None  # one launch
+    assert step_plan("nemotron-3-super", "nvfp4-read/fp16-sr", 256, flush_maxnreg=None).flush \
+        .rows == 16
     assert step_plan("qwen3.5-4b", "fp8-read/fp32", 1).flush is None  # one launch
     # programmatic launch at every multi-launch batch on sm_90, never on an A100
     assert step_plan("nemotron-3-super", "replay-fp32", 64).step_pdl
@@ -251,7 +268,7 @@ def test_plan_summary_names_every_launch():
     assert step_plan("qwen3.5-4b", "replay-fp32", 64).summary() == (
         "prep 1024 | nonflush 8192x(32x128) w1 pdl | flush (16x128) w1 dot bf16x3 s2 tma pdl")
     assert step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 256).summary().startswith(
-        "prep 2048 | nonflush 24576x(64+16x128) w1 pdl | flush (4x128) w1 records ieee s-")
+        "prep 2048 | nonflush 24576x(64+16x128) w1 pdl | flush (16x128) w2 records ieee s-")
     assert step_plan("qwen3.5-4b", "fp32", 256).summary() == "conv 65536x(16x128) w1"
     assert step_plan("qwen3.5-4b", "fp16-sr", 256).summary() == "conv 131072x(8x128) w2 | advance 1"
     assert step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 1).summary() == "nonflush+flush 512x(8x128) w1"

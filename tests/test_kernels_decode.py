@@ -653,7 +653,7 @@ def test_launch_defaults_follow_the_measured_table():
     assert gdn_flush_knobs(PRESETS["shared-nvfp4"]) == ("records", 8, 1)
     assert gdn_flush_knobs(PRESETS["shared-fp8"]) == ("dot", 16, 1)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp32"]) == ("records", 16, 2)
-    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 4, 1)
+    assert mamba2_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 16, 2)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp16-sr"]) == ("records", 16, 4)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp8-sr"], batch=64) == ("records", 16, 4)
     assert gdn_flush_knobs(PRESETS["nvfp4-read/fp16-sr"], batch=63) == ("records", 32, 8)

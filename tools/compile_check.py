@@ -51,7 +51,7 @@ VARIANTS: list[tuple[str, str, int, int, dict]] = [
     ("mamba2-nonflush", "shared-fp8", 64, 1, {"fp8_decode": "words"}),
     ("mamba2-flush", "replay-fp32", 16, 1, {"fold": "dot", "precision": "bf16x3", "tma": True}),
     ("mamba2-flush", "replay-fp32", 16, 1, {"fold": "dot", "precision": "bf16x3"}),
-    ("mamba2-flush", "nvfp4-read/fp16-sr", 4, 1, {"fold": "records"}),
+    ("mamba2-flush", "nvfp4-read/fp16-sr", 16, 2, {"fold": "records"}),
     ("mamba2-flush", "nvfp4-read/fp8-sr", 8, 1, {"fold": "records"}),
     ("mamba2-flush", "nvfp4-read/fp32", 8, 1, {"fold": "records"}),
     ("mamba2-flush", "fp8-read/fp32", 8, 1, {"fold": "records"}),

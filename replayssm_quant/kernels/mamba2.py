@@ -727,7 +727,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                      flush_stages: int | None = None, flush_fold: str | None = None,
                      flush_precision: str | None = None, tile_first: bool | None = None,
                      fuse_advance: bool = True, fuse_prep: bool | None = None,
-                     maxnreg: int | None | object = _DEFAULT, flush_maxnreg: int | None = None,
+                     maxnreg: int | None | object = _DEFAULT,
+                     flush_maxnreg: int | None | object = _DEFAULT,
                      whole_head: bool | None = None, one_launch: bool | None = None,
                      nvfp4_decode: str | None = None, pdl: bool | str | None = None,
                      early_loads: bool | None = None, prep_groups: int | None = None,
@@ -740,13 +741,14 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     target = Target.of(target)
     check_prep_groups(prep_groups, G, "groups")
     register_cap(None if maxnreg is _DEFAULT else maxnreg)
-    register_cap(flush_maxnreg)
+    fmaxnreg = None if flush_maxnreg is _DEFAULT else flush_maxnreg
+    register_cap(fmaxnreg)
     src = cfg.read or cfg.ckpt
     mode = _nvfp4_decode(nvfp4_decode)
     decode = (("lut" if lut else mode) if src.name == "nvfp4" else
               fp8_decode_of(fp8_decode, src.name, capacity))
     flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
-                   flush_precision, flush_maxnreg, flush_tma or None)
+                   flush_precision, fmaxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
                             step_state=batch * H * P * N)
     advance = advance and keeps_counters(cfg, capacity)
@@ -788,14 +790,17 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     if not ol:
         fold, fblock, fwarps = mamba2_flush_knobs(cfg)
         BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
+        FW = flush_warps or fwarps
         records = _records(flush_fold or fold)
+        if flush_maxnreg is _DEFAULT:
+            fmaxnreg = mamba2_flush_maxnreg_default(cfg, BPF, FW) if records else None
         tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, target, ckpt_data)
         flush = FlushPlan(
-            fold="records" if records else "dot", rows=BPF, warps=flush_warps or fwarps,
+            fold="records" if records else "dot", rows=BPF, warps=FW,
             precision=fold_precision(flush_precision, ring_dtype,
                                      default_fold_precision(cfg, records, BPF, ring_dtype)),
             stages=flush_stages or flush_stages_for(cfg, tma), tma=tma,
-            tiles=batch * H * triton.cdiv(P, BPF), per_sm=flush_per_sm, maxnreg=flush_maxnreg,
+            tiles=batch * H * triton.cdiv(P, BPF), per_sm=flush_per_sm, maxnreg=fmaxnreg,
             pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance)
     return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
                     fused_prep=fp, prep_groups=pg, prep_grid=None if fp else (batch, G // pg),
@@ -1120,7 +1125,9 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int,
 # Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log; the read-copy
 # flushes of an fp32 checkpoint with one-warp tiles: tune_r39_flush_warps_m2.log; the plain
 # fp32 checkpoint's, Super 892 -> 692-741 us: tune_r46_fp32_flush_*.log; the NVFP4 read
-# copy over an fp16-SR checkpoint, 1782 -> 1640 us: tune_r49_wave_flush_*.log; over fp8-SR
+# copy over an fp16-SR checkpoint, 1782 -> 1640 us: tune_r49_wave_flush_*.log, then on 16
+# rows of two warps capped at 168 registers (``MAMBA2_FLUSH_MAXNREG``), windows 2.1-2.5%
+# faster at batch 256-512: tune_r253_m2_flush_tiles.log, tune_r254_m2_sr_tiles.log; over fp8-SR
 # and the fp8 / NVFP4 checkpoints without a read copy: tune_r51_wave_flush_m2.log; the
 # record folds of the fp8 copy of an fp32 checkpoint, Nano-4B 1650 -> 1290 us, and of the
 # NVFP4 checkpoint, 1347 -> 1150 us, once B_j arrives in the fold's layout:
@@ -1134,17 +1141,42 @@ MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
     ("fp32", False, None): ("dot", 16, 1),
     ("fp32", False, "nvfp4"): ("records", 8, 1),
     ("fp32", False, "fp8e4m3"): ("records", 8, 1),
-    ("fp16", True, "nvfp4"): ("records", 4, 1),
+    ("fp16", True, "nvfp4"): ("records", 16, 2),
     ("fp8e4m3", True, "nvfp4"): ("records", 8, 1),
     ("fp8e4m3", False, None): ("dot", 16, 1),
     ("nvfp4", False, None): ("records", 8, 1),
 }
 
 
+def _flush_key(cfg) -> tuple[str, bool, str | None]:
+    return (cfg.ckpt.name, cfg.uses_sr, cfg.read.name if cfg.read is not None else None)
+
+
 def mamba2_flush_knobs(cfg) -> tuple[str, int, int]:
     """(flush_fold, flush tile rows, flush warps) defaults for a config."""
-    key = (cfg.ckpt.name, cfg.uses_sr, cfg.read.name if cfg.read is not None else None)
-    return MAMBA2_FLUSH_KNOBS.get(key, ("dot", 32, _flush_warps(cfg)))
+    return MAMBA2_FLUSH_KNOBS.get(_flush_key(cfg), ("dot", 32, _flush_warps(cfg)))
+
+
+# Register caps of Mamba-2 flush programs on their default tiles (``MAMBA2_FLUSH_KNOBS``),
+# keyed the same way; ``mamba2_flush_maxnreg_default`` says what was measured.
+MAMBA2_FLUSH_MAXNREG: dict[tuple[str, bool, str | None], int] = {
+    ("fp16", True, "nvfp4"): 168,
+}
+
+
+def mamba2_flush_maxnreg_default(cfg, rows: int, warps: int) -> int | None:
+    """The register cap of a Mamba-2 flush program left at its default ``flush_maxnreg``, on
+    its default tiles (``mamba2_flush_knobs``; other tiles take no cap), measured on the
+    H200: 168 for the NVFP4 copy of an fp16-SR checkpoint, whose 16-row two-warp tiles take
+    244-252 registers and 4 programs per SM uncapped, 168 with 4 spill instructions and 6
+    per SM. Windows against its earlier 4-row one-warp tiles without a cap, Nemotron-3-Super
+    / Nano-4B (reports/kernels/tune_r254_m2_sr_tiles.log, tune_r255_m2_sr_small.log): batch
+    256 154.7 -> 151.5 / 160.4 -> 156.9 us, 512 302.4 -> 295.0 / 314.3 -> 306.4, at L = 8
+    0.1-0.5% faster; batch 4-64 0-4.9% faster, one window 0.5% slower (Nano-4B, L = 8, batch
+    64). Uncapped the same tiles were 1.0-5.4% slower than the earlier ones (163.4 / 163.0
+    against 155.1 / 161.2 us at batch 256, tune_r253_m2_flush_tiles.log)."""
+    cap = MAMBA2_FLUSH_MAXNREG.get(_flush_key(cfg))
+    return cap if cap is not None and (rows, warps) == mamba2_flush_knobs(cfg)[1:] else None
 
 
 FLUSH_FOLDS = ("dot", "records")
