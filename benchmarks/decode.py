@@ -209,7 +209,7 @@ class Workload:
 
 CONV_STEPS = 16  # steps per timed graph for configs without a window (conventional steps, FLA)
 REPEAT = 4  # copies per timed graph of a step that leaves the cache as it found it (flush with
-# the cursor held, speculative verify): no launch gap of a lone replay in the time
+# the cursors set back or held, speculative verify): no launch gap of a lone replay in the time
 
 
 LAYERS_L2 = 2  # --layers auto: rotate through layers whose working sets hold this many L2s
@@ -305,19 +305,46 @@ def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
     if stagger:
         nan = float("nan")
         return dict(window_us=t_win * 1e6, nonflush_us=nan, flush_us=nan, layers=n)
-    for w in ws:
-        w.cache.cursor.fill_(L - 1)
-    t_fl = time_graph(lambda: steps(1, L - 1, advance=False), reps, repeat=repeat) / n
+    t_fl = time_flush(ws, reps, repeat, **kw)
     t_nf = (t_win * L - t_fl) / (L - 1)
     return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6, layers=n)
 
 
+def time_flush(ws: list[Workload], reps: int, repeat: int = REPEAT, advance: bool = True,
+               **kw) -> float:
+    """Seconds of one flush step (every row's cursor at L-1) per layer of ``ws``. With
+    ``advance`` (default) it is the step a window runs, whose flush launch also moves every
+    cursor on: each replay first sets the cursors back to L-1, and that reset, timed alone
+    the same way, is taken off. Without it the step leaves the cursors where they are, and
+    its flush kernel is compiled without the cursor loop (``ADVANCE`` off), which ptxas can
+    give other registers: Mamba-2's nvfp4-read/fp32 flush on 16-row one-warp tiles takes 255
+    (8 programs per SM) that way against 168 (12) in the window, the default 4-row fp16-SR
+    copy's 122 against 99 (``tools/sass_stats.py mamba2-flush ... --const ADVANCE=False``)."""
+    L = ws[0].cfg.L
+
+    def reset():
+        for w in ws:
+            w.cache.cursor.fill_(L - 1)
+
+    def flush():
+        if advance:
+            reset()
+        for w in ws:
+            w.step(L - 1, advance=advance, **kw)
+
+    reset()
+    t = time_graph(flush, reps, repeat=repeat)
+    if advance:
+        t -= time_graph(reset, reps, repeat=repeat)
+    return t / len(ws)
+
+
 def measure_flush(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
-                  **kw) -> float:
-    """Microseconds of one flush step (every row's cursor at L-1)."""
+                  advance: bool = True, **kw) -> float:
+    """Microseconds of one flush step (every row's cursor at L-1; ``advance`` as in
+    ``time_flush``: by default the window's flush)."""
     w = Workload(shape, batch, cfg, steps=cfg.L, device=device)
-    w.cache.cursor.fill_(cfg.L - 1)
-    return time_graph(lambda: w.step(cfg.L - 1, advance=False, **kw), reps, repeat=REPEAT) * 1e6
+    return time_flush([w], reps, REPEAT, advance=advance, **kw) * 1e6
 
 
 def verify_workload(shape: ModelShape, batch: int, cfg, T: int, device: str = "cuda") -> Workload:

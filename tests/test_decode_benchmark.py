@@ -583,6 +583,42 @@ def test_layer_count_holds_twice_the_l2():
             mod._layers_arg(bad)
 
 
+def test_flush_timing_runs_the_windows_flush(monkeypatch):
+    """The flush timed alone is the window's flush step: every call finds each row's cursor
+    at L-1, flushes and moves it on (its flush index counts the flushes), and the reset in
+    front of it is timed apart and taken off; ``advance=False`` times the step that holds the
+    cursors instead (CPU dry run on a tiny shape, where every timed function runs twice)."""
+    from dataclasses import replace
+
+    from replayssm_quant.precision import ModelShape
+
+    mod = _module()
+    seen = []
+    real = mod.Workload.step
+
+    def step(self, i, **kw):
+        seen.append((i, kw.get("advance", True), self.cache.cursor.tolist()))
+        return real(self, i, **kw)
+
+    monkeypatch.setattr(mod.Workload, "step", step)
+    times = iter([5.0, 2.0])
+    monkeypatch.setattr(mod, "time_graph", lambda fn, reps, repeat=1: (fn(), fn(), next(times))[2])
+    tiny = ModelShape("tiny-m", "mamba2", 4, 16, 32, 1)
+    cfg = replace(PRESETS["nvfp4-read/fp16-sr"], L=4)
+    w = mod.Workload(tiny, 3, cfg, steps=cfg.L, device="cpu")
+    fi = w.cache.flush_index.clone()
+    assert mod.time_flush([w], 1) == 3.0  # the flush graph's 5 less the reset's 2
+    assert seen == [(3, True, [3, 3, 3])] * 2  # the reset graph runs no step
+    assert (w.cache.flush_index == fi + 2).all() and (w.cache.cursor == 3).all()
+    seen.clear()
+    times = iter([4.0])
+    assert mod.time_flush([w], 1, advance=False) == 4.0
+    assert seen == [(3, False, [3, 3, 3])] * 2
+    assert (w.cache.flush_index == fi + 2).all()  # held: no flush counted
+    times = iter([6.0, 1.0])
+    assert mod.measure_flush(tiny, 3, cfg, 1, device="cpu") == 5.0 * 1e6
+
+
 def test_measure_runs_each_step_over_every_layer(monkeypatch):
     """With several layers each step of the graph runs on every layer's own cache in turn, and
     the time is per layer; staggered cursors spread the rows over the window and leave only the
