@@ -6,8 +6,9 @@ measured in the same run, and the ratio to our conventional FP32 step.
     python benchmarks/decode.py --batch 256 --L 16                # one batch, one L
 
 Each measurement replays a CUDA graph: whole windows of L steps, 16 steps to a graph (two
-windows at L = 8; window average), a flush step with the cursor held at L-1 (4 copies to a
-graph), and the non-flush average derived from the two. Configs without a window
+windows at L = 8; window average), the window's flush step from every cursor at L-1 (4
+copies to a graph, each after a cursor reset whose time is taken off: ``time_flush``), and
+the non-flush average derived from the two. Configs without a window
 (conventional steps, FLA's peer kernel) are timed 16 steps to a graph as well, so every
 config holds the same share of a graph's start. Each timed replay, and each timed copy, waits
 on the GPU behind a spin kernel (``--hold-us``, 100 us) while the host queues it, so the time
