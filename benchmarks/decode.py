@@ -319,8 +319,8 @@ def time_flush(ws: list[Workload], reps: int, repeat: int = REPEAT, advance: boo
     the same way, is taken off. Without it the step leaves the cursors where they are, and
     its flush kernel is compiled without the cursor loop (``ADVANCE`` off), which ptxas can
     give other registers: Mamba-2's nvfp4-read/fp32 flush on 16-row one-warp tiles takes 255
-    (8 programs per SM) that way against 168 (12) in the window, the default 4-row fp16-SR
-    copy's 122 against 99 (``tools/sass_stats.py mamba2-flush ... --const ADVANCE=False``)."""
+    (8 programs per SM) that way against 168 (12) in the window, as launched on the H200
+    (reports/kernels/tune_r257_flush_advance.log)."""
     L = ws[0].cfg.L
 
     def reset():
