@@ -14,7 +14,9 @@ step of the same shape, batch and run when the jobs hold one.
 A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a preset name,
 optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
 ``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
-``"window"``, ``"flush"``, ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
+``"window"``, ``"flush"`` (the window's flush step, ``decode.time_flush``; ``{"advance":
+false}`` times the step that holds the cursors instead, as logs before
+``tune_r257_flush_advance.log`` did), ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
 go to the verify, e.g. ``{"pdl": true}``), ``"stagger"`` (the window average with the rows'
 cursors spread, so every step flushes a 1/L share of the rows: ``decode.py --stagger``) or
 ``"fla"`` (FLA's fused recurrent decode of the shape's FP32 state, the peer of a GDN ``fp32``
