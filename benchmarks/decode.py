@@ -8,7 +8,10 @@ measured in the same run, and the ratio to our conventional FP32 step.
 Each measurement replays a CUDA graph: whole windows of L steps, 16 steps to a graph (two
 windows at L = 8; window average), the window's flush step from every cursor at L-1 (4
 copies to a graph, each after a cursor reset whose time is taken off: ``time_flush``), and
-the non-flush average derived from the two. Configs without a window
+the window's L-1 non-flush steps from every cursor at 0 (as many copies to a graph as the
+window graph has windows, the reset again taken off: ``time_nonflush``; until
+``decode_r258`` the non-flush average was derived from the other two, and the rows still
+carry that as ``nonflush_derived_us``). Configs without a window
 (conventional steps, FLA's peer kernel) are timed 16 steps to a graph as well, so every
 config holds the same share of a graph's start. Each timed replay, and each timed copy, waits
 on the GPU behind a spin kernel (``--hold-us``, 100 us) while the host queues it, so the time
@@ -275,7 +278,9 @@ def stagger_cursors(w: Workload) -> None:
 
 def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
             layers: int | str = 1, stagger: bool = False, **kw) -> dict:
-    """Window, non-flush and flush microseconds per step of one layer. With ``layers`` > 1 a
+    """Window, non-flush (``time_nonflush``; ``nonflush_derived_us``: from the window and the
+    flush, as sweeps before ``decode_r258`` gave it) and flush microseconds per step of one
+    layer. With ``layers`` > 1 a
     graph runs each step over every layer in turn (``layer_count``), as a model does, and the
     time is per layer; the graphs then hold one window (8 conventional steps, one flush
     each). With ``stagger`` the rows' cursors are spread (``stagger_cursors``):
@@ -307,8 +312,35 @@ def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
         nan = float("nan")
         return dict(window_us=t_win * 1e6, nonflush_us=nan, flush_us=nan, layers=n)
     t_fl = time_flush(ws, reps, repeat, **kw)
-    t_nf = (t_win * L - t_fl) / (L - 1)
-    return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6, layers=n)
+    t_nf = time_nonflush(ws, reps, windows, **kw)
+    t_nf_derived = (t_win * L - t_fl) / (L - 1)
+    return dict(window_us=t_win * 1e6, nonflush_us=t_nf * 1e6, flush_us=t_fl * 1e6,
+                nonflush_derived_us=t_nf_derived * 1e6, layers=n)
+
+
+def time_nonflush(ws: list[Workload], reps: int, repeat: int = 1, **kw) -> float:
+    """Seconds of one non-flush step per layer of ``ws``, the average over a window's L-1
+    non-flush steps: each call sets every cursor back to 0 and runs steps 0..L-2, as a
+    window does before its flush, so the ring records they read grow from 0 to L-2; the
+    reset, timed alone the same way, is taken off. Timed directly rather than derived from
+    the window and the flush, (window x L - flush) / (L - 1), which moves with every change
+    of the flush timed alone (the NVFP4 non-flush ratios moved 3-10% that way with no
+    non-flush kernel changed: reports/kernels/README.md)."""
+    L = ws[0].cfg.L
+
+    def reset():
+        for w in ws:
+            w.cache.cursor.zero_()
+
+    def nonflush():
+        reset()
+        for i in range(L - 1):
+            for w in ws:
+                w.step(i, **kw)
+
+    reset()
+    t = time_graph(nonflush, reps, repeat=repeat) - time_graph(reset, reps, repeat=repeat)
+    return t / ((L - 1) * len(ws))
 
 
 def time_flush(ws: list[Workload], reps: int, repeat: int = REPEAT, advance: bool = True,
@@ -576,7 +608,8 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
         row["plan"] = step_plan(shape, cfg, batch, "cuda").summary()  # what was timed
         rows.append(row)
         print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
-              f"nf {m['nonflush_us']:9.1f} fl {m['flush_us']:9.1f} layers {m['layers']:3d} "
+              f"nf {m['nonflush_us']:9.1f} (derived {m.get('nonflush_derived_us', m['nonflush_us']):9.1f}) "
+              f"fl {m['flush_us']:9.1f} layers {m['layers']:3d} "
               f"bw {row['bw_frac_window']:.2f} x{row['speedup_vs_conv_fp32']:.2f} "
               f"({time.time() - t0:.1f}s)", flush=True)
     for cfg in vcfgs:

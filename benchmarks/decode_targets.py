@@ -105,11 +105,15 @@ def _ratio_to_conv(config: str):
 
 
 def _nvfp4_nonflush(rows):
+    """Sweeps from ``decode_r258`` time the non-flush step (``nonflush_derived_us`` beside it);
+    earlier ones derived it from the window and the flush timed alone."""
     f, n = _window(rows, "replay-fp32"), _window(rows, NVFP4_PRESET)
     if f is None or n is None:
         return None
+    how = "timed" if "nonflush_derived_us" in f and "nonflush_derived_us" in n else \
+        "derived from the windows and flushes"
     return (f["nonflush_us"] / n["nonflush_us"],
-            f"{n['nonflush_us']:.1f} us against {f['nonflush_us']:.1f} us")
+            f"{n['nonflush_us']:.1f} us against {f['nonflush_us']:.1f} us ({how})")
 
 
 def _every_kernel_bw(rows):

@@ -619,6 +619,40 @@ def test_flush_timing_runs_the_windows_flush(monkeypatch):
     assert mod.measure_flush(tiny, 3, cfg, 1, device="cpu") == 5.0 * 1e6
 
 
+def test_nonflush_timing_runs_the_windows_nonflush_steps(monkeypatch):
+    """The non-flush step is timed directly: every call sets the cursors back to 0 and runs
+    the window's steps 0..L-2 (none flushes), the reset timed apart and taken off, the time
+    given per step and layer; ``measure`` reports it beside the derived form (CPU dry run)."""
+    from dataclasses import replace
+
+    from replayssm_quant.precision import ModelShape
+
+    mod = _module()
+    seen = []
+    real = mod.Workload.step
+
+    def step(self, i, **kw):
+        seen.append((i, kw.get("advance", True), self.cache.cursor.tolist()))
+        return real(self, i, **kw)
+
+    monkeypatch.setattr(mod.Workload, "step", step)
+    times = iter([9.0, 3.0])
+    monkeypatch.setattr(mod, "time_graph", lambda fn, reps, repeat=1: (fn(), fn(), next(times))[2])
+    tiny = ModelShape("tiny-m", "mamba2", 4, 16, 32, 1)
+    cfg = replace(PRESETS["nvfp4-read/fp16-sr"], L=4)
+    ws = [mod.Workload(tiny, 3, cfg, steps=cfg.L, device="cpu") for _ in range(2)]
+    fi = [w.cache.flush_index.clone() for w in ws]
+    assert mod.time_nonflush(ws, 1) == (9.0 - 3.0) / (3 * 2)  # per step and layer
+    # twice (the dry run calls each function twice): steps 0, 1, 2 on both layers, in turn
+    assert [(i, c) for i, _, c in seen] == [(i, [i] * 3) for i in range(3) for _ in ws] * 2
+    for w, f in zip(ws, fi, strict=True):
+        assert (w.cache.flush_index == f).all()  # no row flushed
+        assert (w.cache.cursor == 0).all()  # the reset graph, timed last, set them back
+    monkeypatch.undo()
+    m = mod.measure(tiny, 3, cfg, 1, device="cpu")
+    assert m["nonflush_us"] > 0 and m["nonflush_derived_us"] == m["nonflush_derived_us"]
+
+
 def test_measure_runs_each_step_over_every_layer(monkeypatch):
     """With several layers each step of the graph runs on every layer's own cache in turn, and
     the time is per layer; staggered cursors spread the rows over the window and leave only the
