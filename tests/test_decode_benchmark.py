@@ -123,8 +123,9 @@ def test_process_state_probe_on_tiny_shapes(monkeypatch):
     monkeypatch.setattr(mod, "CHURN_CONFIGS", ("fp32",))
     monkeypatch.setattr(mod, "PRESETS", {**PRESETS, "replay-fp32": replace(PRESETS["replay-fp32"], L=2)})
     monkeypatch.setattr(sys.modules["decode"], "CONV_STEPS", 2)
-    out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=1, reps=1, device="cpu")
-    assert [p for p, _ in out] == ["fresh", "after tiny-m2", "after empty_cache", "again"]
+    out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=1, reps=1, device="cpu", again=2)
+    assert [p for p, _ in out] == ["fresh", "after tiny-m2", "after empty_cache", "again",
+                                   "again 2, after empty_cache"]
     for _, t in out:
         conv, window = t["tiny-gdn"]
         assert conv > 0 and window > 0
