@@ -236,13 +236,13 @@ def _targets_module():
 
 
 def _sweep_rows(conv_us=500.0, replay_us=280.0, nvfp4_us=70.0, verify_us=450.0, fla_us=None,
-                shape="qwen3.5-4b", kind="gdn", batch=256):
+                shape="qwen3.5-4b", kind="gdn", batch=256, conv_bw=0.96):
     """Rows shaped as benchmarks/decode.py writes them, for one (shape, batch)."""
     def row(config, L, win, nf, fl, bw=0.9):
         return dict(shape=shape, kind=kind, batch=batch, config=config, L=L, window_us=win,
                     nonflush_us=nf, flush_us=fl, bw_frac_window=bw, bw_frac_nonflush=bw,
                     bw_frac_flush=bw, byte_bound_vs_conv_fp32=1.8)
-    rows = [row("fp32", 1, conv_us, conv_us, conv_us, 0.96),
+    rows = [row("fp32", 1, conv_us, conv_us, conv_us, conv_bw),
             row("replay-fp32", 16, replay_us, replay_us * 0.93, replay_us * 2.1),
             row("nvfp4-read/fp16-sr", 16, nvfp4_us * 1.5, nvfp4_us, nvfp4_us * 9, 0.3),
             dict(shape=shape, kind=kind, batch=batch, config="verify T=8 replay-fp32", L=16,
@@ -284,6 +284,31 @@ def test_targets_verdicts_follow_the_numbers():
     nan = _sweep_rows()
     nan[1]["window_us"] = float("nan")
     assert not [x for x in mod.evaluate(nan) if x.target == "replay-fp32-window"][0].met
+
+
+def test_targets_flag_a_ratio_over_a_slow_baseline(tmp_path):
+    """A ratio to a conventional step below SLOW_BASELINE of copy bandwidth also carries its
+    value with that step at SLOW_BASELINE: a window met only over the slow step is met but
+    not trusted, and the table, JSON and summary say so; a verify that holds either way, and
+    every ratio over a step at full speed, carry nothing."""
+    mod = _targets_module()
+    ok = {x.target: x for x in mod.evaluate(_sweep_rows())}
+    assert all(x.adjusted is None and x.trusted == x.met for x in ok.values())
+    v = {x.target: x for x in mod.evaluate(_sweep_rows(conv_bw=0.90))}
+    win = v["replay-fp32-window"]
+    assert win.met and not win.trusted
+    assert abs(win.adjusted - 500 / 280 * 0.90 / 0.95) < 1e-12
+    ver = v["verify-replay-fp32"]
+    assert ver.met and ver.trusted and abs(ver.adjusted - 0.9 * 0.95 / 0.90) < 1e-12
+    assert v["nvfp4-nonflush"].adjusted is None  # not a ratio to the conventional step
+    md = mod.markdown(list(v.values()))
+    assert "yes, over a slow baseline" in md
+    assert "1 of them only over a conventional step below 0.95" in md
+    sweep, js = tmp_path / "s.json", tmp_path / "t.json"
+    sweep.write_text(json.dumps(dict(meta={}, rows=_sweep_rows(conv_bw=0.90))))
+    assert mod.main([str(sweep), "--json", str(js)]) == 0
+    got = {d["target"]: d for d in json.loads(js.read_text())}
+    assert got["replay-fp32-window"]["met"] and not got["replay-fp32-window"]["trusted"]
 
 
 def test_targets_table_and_cli(tmp_path):
