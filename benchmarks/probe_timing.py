@@ -8,6 +8,7 @@ Probes of the timing harness itself (CUDA), one per question, each printing what
     python3 benchmarks/probe_timing.py ramp      # per-replay times from a fresh workload (r86)
     python3 benchmarks/probe_timing.py harness   # 3 warm-up replays against 30 / 20 ms (r87)
     python3 benchmarks/probe_timing.py hold      # a GPU hold before each timed replay (r188)
+    python3 benchmarks/probe_timing.py nonflush  # non-flush steps alone, and after a rest (r262)
 
 The logs are ``reports/kernels/probe_r8[2-7]_*.log``; ``clocks`` ran beside
 ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,
@@ -19,7 +20,9 @@ ran before conventional steps were timed 16 to a graph and flushes 4 to a graph,
 conventional and flush times today include less launch cost than its log's. ``hold``
 (``probe_r188_hold.log``) answered why batch-1 rows moved by up to 15% between runs: the
 host's launch latency sat inside every timed replay, so ``decode.time_graph`` now queues each
-replay behind a GPU hold.
+replay behind a GPU hold. ``nonflush`` (``probe_r262_nonflush.log``, beside the same
+``nvidia-smi`` query, ``probe_r262_smi.csv``) asks why the non-flush steps timed alone
+(``decode.time_nonflush``) took up to 5% longer at batch 512 than their share of the window.
 """
 
 # ruff: noqa: B023 - every closure here is timed within the loop iteration that made it
@@ -381,8 +384,51 @@ def probe_hold(cb: float) -> None:
         D.HOLD_US = hold
 
 
+NONFLUSH_CASES = (("nemotron-3-super-120b", "nvfp4-read/fp16-sr"), ("qwen3.5-122b-a10b", "fp8-read/fp32"),
+                  ("nemotron-3-super-120b", "replay-fp32"))
+
+
+def probe_nonflush(cb: float, batch: int = 512) -> None:
+    """Per case, wall-clock stamped: ``decode.measure`` (window, the non-flush step timed
+    alone, the flush alone, the derived non-flush step), then the non-flush steps timed with a
+    GPU rest as long as the flush after them in each replay (a spin kernel, whose time alone
+    is taken off): if the steps alone are slower for want of the rest a window's flush gives
+    the memory, they come back to the window's share here."""
+    D.precompile([(s, PRESETS[c], {}, 0, "cuda") for s, c in NONFLUSH_CASES], 4, (batch,))
+    t0 = time.time()
+    for sname, cname in NONFLUSH_CASES:
+        cfg = PRESETS[cname]
+        for rnd in range(2):
+            m = D.measure(SHAPES[sname], batch, cfg, 10, device="cuda")
+            w = D.Workload(SHAPES[sname], batch, cfg, steps=cfg.L)
+            rest = D.hold_cycles(m["flush_us"])
+
+            def reset():
+                w.cache.cursor.zero_()
+
+            def nonflush(rest_cycles=0):
+                reset()
+                for i in range(cfg.L - 1):
+                    w.step(i)
+                if rest_cycles:
+                    torch.cuda._sleep(rest_cycles)
+
+            def rest_only():
+                reset()
+                torch.cuda._sleep(rest)
+
+            t_rest = (D.time_graph(lambda: nonflush(rest), 10) - D.time_graph(rest_only, 10)) \
+                / (cfg.L - 1) * 1e6
+            print(f"+{time.time() - t0:6.1f}s B={batch} {sname:22s} {cname:20s} r{rnd} "
+                  f"win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "
+                  f"nf-derived {m['nonflush_derived_us']:8.1f} fl {m['flush_us']:8.1f} "
+                  f"nf-after-rest {t_rest:8.1f}", flush=True)
+            w = None
+
+
 PROBES = {"inplace": probe_inplace, "warm": probe_warm, "clocks": probe_clocks,
-          "data": probe_data, "ramp": probe_ramp, "harness": probe_harness, "hold": probe_hold}
+          "data": probe_data, "ramp": probe_ramp, "harness": probe_harness, "hold": probe_hold,
+          "nonflush": probe_nonflush}
 
 
 def main(argv=None) -> int:
