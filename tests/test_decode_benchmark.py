@@ -141,7 +141,8 @@ def test_probe_timing_refuses_without_a_gpu(monkeypatch):
                                                   ROOT / "benchmarks" / "probe_timing.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert set(mod.PROBES) == {"inplace", "warm", "clocks", "data", "ramp", "harness", "hold"}
+    assert set(mod.PROBES) == {"inplace", "warm", "clocks", "data", "ramp", "harness", "hold",
+                               "nonflush"}
     with pytest.raises(SystemExit) as e:
         mod.main(["nonsense"])
     assert e.value.code == 2
