@@ -68,7 +68,10 @@ def test_time_variants_jobs_files(tmp_path, capsys):
                  "tune_r198_jobs_stagger.json", "tune_r199_jobs_stagger_pdl.json",
                  "tune_r201_jobs_b1_conv.json", "tune_r202_jobs_conv_b1.json",
                  "tune_r202_jobs_conv_b256.json", "tune_r203_jobs_conv_advance.json",
-                 "tune_r204_jobs_conv_counters.json", "tune_r206_jobs_b1_hbm_knobs.json"):
+                 "tune_r204_jobs_conv_counters.json", "tune_r206_jobs_b1_hbm_knobs.json",
+                 "tune_r263_jobs_step_flush.json", "tune_r264_jobs_step_flush_small.json",
+                 "tune_r265_jobs_step_flush_batches.json", "tune_r266_jobs_defaults.json",
+                 "tune_r267_jobs_defaults_hbm.json"):
         jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
         assert jobs and all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
     assert mod.preset_config("replay-fp32@L8").L == 8

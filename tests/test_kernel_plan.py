@@ -126,14 +126,32 @@ def test_h200_defaults_are_the_measured_ones():
     sr = step_plan("qwen3.5-4b", "fp16-sr", 256)  # the flush index is the SR key
     assert [ln["kernel"] for ln in sr.launches()] == ["_gdn_conv_kernel", "_advance_kernel"]
     assert step_plan("qwen3.5-4b", "fp16-sr", 1).ticket  # the conventional step, one launch
-    # one launch at batch 2 on every paper shape; at batch 4 only where the step's state is
-    # small enough to flush serially (Qwen3.5-4B) or the flush is GDN's plain fp32 one
+    # one launch at batch 2 on every paper shape; at batch 4 on GDN only where the step's
+    # state is small enough to flush serially (Qwen3.5-4B) or the flush is GDN's plain fp32
+    # one; Mamba-2 up to batch 8, its programs flushing in row passes, except an SR
+    # checkpoint on Nano-4B's 80-row heads
     assert all(step_plan(s, "nvfp4-read/fp16-sr", 2).one_launch for s in (
         "nemotron-3-super", "nemotron-3-nano-4b", "qwen3.5-4b", "qwen3.5-122b"))
     assert step_plan("qwen3.5-4b", "nvfp4-read/fp16-sr", 4).one_launch
-    assert not any(step_plan(s, c, 4).one_launch for s, c in (
-        ("nemotron-3-super", "nvfp4-read/fp16-sr"), ("nemotron-3-nano-4b", "shared-fp8"),
-        ("nemotron-3-super", "replay-fp32"), ("qwen3.5-122b", "fp8-read/fp32")))
+    assert not step_plan("qwen3.5-122b", "fp8-read/fp32", 4).one_launch
+    for s, c, b in (("nemotron-3-super", "nvfp4-read/fp16-sr", 4), ("nemotron-3-nano-4b", "shared-fp8", 8),
+                    ("nemotron-3-super", "replay-fp32", 8), ("nemotron-3-nano-4b", "replay-fp32", 4)):
+        pb = step_plan(s, c, b)
+        assert pb.one_launch and pb.flush is None and pb.step_flush_rows
+        assert [ln["kernel"] for ln in pb.launches()] == ["_mamba2_nonflush_kernel"]
+    sp = step_plan("nemotron-3-super", "replay-fp32", 8)
+    assert (sp.rows, sp.step_flush_rows, sp.step_flush_fold) == (64, 16, "dot")
+    assert "16 rows a pass" in sp.launches()[0]["knobs"]["flush"]
+    np_ = step_plan("nemotron-3-nano-4b", "replay-fp32", 4)  # whole heads, 64 + 16 rows
+    assert (np_.rows, np_.rows2, np_.step_flush_rows, np_.step_flush_fold) == (64, 16, 16, "dot")
+    assert (step_plan("nemotron-3-super", "fp8-read/fp32", 4).step_flush_rows,
+            step_plan("nemotron-3-super", "fp8-read/fp32", 4).step_flush_fold) == (8, "records")
+    assert not any(step_plan(s, c, b).one_launch for s, c, b in (
+        ("nemotron-3-super", "replay-fp32", 9), ("nemotron-3-super", "replay-fp32", 16)))
+    # batch 1 and 2: programs of 8-16 rows flush at once, as before the passes
+    assert not any(step_plan(s, "replay-fp32", b).step_flush_rows for s in (
+        "nemotron-3-super", "nemotron-3-nano-4b") for b in (1, 2))
+    assert not step_plan("nemotron-3-nano-4b", "nvfp4-read/fp8-sr", 8).one_launch
     b4 = step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 4)
     assert b4.flush is not None and b4.fused_prep and [ln["launch"] for ln in b4.launches()] == [
         "non-flush step", "flush (persistent)"]

@@ -235,6 +235,52 @@ def test_one_launch_ticket_is_rearmed(kind):
         assert cache.flush_index[live].tolist() == [(t + 1) // cfg.L] * 3
 
 
+@pytest.mark.parametrize("name,fold,rows", [
+    ("replay-fp32", "dot", 16), ("replay-fp32", "records", 8), ("nvfp4-read/fp16-sr", "records", 8),
+    ("nvfp4-read/fp8-sr", "records", 4), ("shared-fp8", "records", 8), ("fp8-read/fp32", "dot", 16)])
+def test_one_launch_flush_in_row_passes_matches_reference(name, fold, rows):
+    """A one-launch program that flushes its rows in passes (``step_flush_rows``, a loop of
+    passes each folded record by record or as one bf16x3 product), on 32-row programs and on
+    whole heads of 16 + 8 rows, with the ring products from their own launch
+    (``fuse_prep=False``) or formed in the program: the same outputs, counters and states as
+    the reference, rows flushing on different steps, stale ring records NaN."""
+    cfg = _small_L(PRESETS[name])
+    act = torch.bfloat16 if fold == "dot" else torch.float32
+    kw = dict(one_launch=True, step_flush_rows=rows, step_flush_fold=fold, act=act)
+    _run("mamba2", cfg, stagger=True, head_dim=32, block_p=32, fuse_prep=False,
+         poison_ring=True, **kw)
+    if rows <= 8:
+        _run("mamba2", cfg, stagger=True, head_dim=24, block_p=None, whole_head=True, **kw)
+
+
+def test_step_flush_knobs_are_checked():
+    """Row passes need one launch, a power of two dividing the program's row passes, and for
+    the bf16x3 fold 16+ rows over a bf16 ring; the defaults pass only programs of more than
+    16 rows, 16 rows as one product for a plain fp32 checkpoint, else 8 record by record."""
+    from replayssm_quant.kernels.mamba2 import check_step_flush, step_flush_default
+
+    assert check_step_flush(None, None, False, 64, 0, torch.bfloat16) == (0, "records")
+    with pytest.raises(ValueError, match="one_launch=True"):
+        check_step_flush(8, None, False, 64, 0, torch.bfloat16)
+    with pytest.raises(ValueError, match="power of two"):
+        check_step_flush(12, None, True, 64, 0, torch.bfloat16)
+    with pytest.raises(ValueError, match="power of two"):
+        check_step_flush(32, None, True, 64, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match=">= 16"):
+        check_step_flush(8, "dot", True, 64, 0, torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16 ring"):
+        check_step_flush(16, "dot", True, 64, 0, torch.float32)
+    with pytest.raises(ValueError, match="step_flush_fold"):
+        check_step_flush(16, "both", True, 64, 0, torch.bfloat16)
+    assert check_step_flush(None, "dot", True, 64, 16, torch.bfloat16) == (16, "dot")
+    fp32, nv = PRESETS["replay-fp32"], PRESETS["nvfp4-read/fp16-sr"]
+    assert step_flush_default(fp32, 64, 0, torch.bfloat16) == (16, "dot")
+    assert step_flush_default(fp32, 64, 0, torch.float32) == (8, "records")
+    assert step_flush_default(nv, 64, 16, torch.bfloat16) == (8, "records")
+    assert step_flush_default(fp32, 16, 0, torch.bfloat16) == (None, None)
+    assert step_flush_default(nv, 16, 0, torch.bfloat16) == (None, None)
+
+
 def test_one_launch_choice():
     """One launch by default at small batch unless a persistent-flush knob is set; asking for
     it with a knob of the flush it replaces is refused."""
@@ -260,6 +306,17 @@ def test_one_launch_choice():
     assert resolve_one_launch(True, 512) and not resolve_one_launch(False, 1)
     with pytest.raises(ValueError, match="flush knobs"):
         resolve_one_launch(True, 1, (16,))
+    # programs that flush in row passes: one launch up to a larger batch, whatever the state
+    from replayssm_quant.kernels.mamba2 import ONE_LAUNCH_PASSES_MAX_BATCH, flush_passes_default
+
+    big = ONE_LAUNCH_MAX_STATE * 8
+    assert resolve_one_launch(None, ONE_LAUNCH_PASSES_MAX_BATCH, step_state=big, passes=True)
+    assert not resolve_one_launch(None, ONE_LAUNCH_PASSES_MAX_BATCH + 1, passes=True)
+    assert not resolve_one_launch(None, 4, step_state=big, passes=False)
+    assert not resolve_one_launch(None, 4, (None, "records"), step_state=big, passes=True)
+    assert flush_passes_default(PRESETS["replay-fp32"], 80)
+    assert flush_passes_default(PRESETS["nvfp4-read/fp16-sr"], 64)
+    assert not flush_passes_default(PRESETS["nvfp4-read/fp16-sr"], 80)
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
@@ -878,6 +935,7 @@ def test_whole_head_non_flush_matches_reference(name):
     cfg = _small_L(PRESETS[name])
     assert whole_head_default(cfg)  # every read at batch > 4
     assert whole_head_default(cfg, one_launch=True) == (name != "replay-fp32")
+    assert whole_head_default(cfg, one_launch=True, passes=True)  # flushed in row passes
     assert not whole_head_default(PRESETS["fp32"])
     for one_launch in (True, False):  # flushes on the step's two row passes, or apart
         _run("mamba2", cfg, steps=cfg.L + 1, head_dim=24, block_p=None, whole_head=True,

@@ -8,7 +8,8 @@ ring products ``B_j . C`` every head of the group reads, plus the list of rows t
 step (built on the device); the non-flush kernel, which flushing rows leave at once, so it stays
 lean; and a persistent flush grid that walks the flushing rows' tiles. Launch shapes depend
 only on tensor shapes: CUDA-graph safe. At small batch a step is one launch instead
-(``one_launch_default``): flushing rows flush on the step's own tiles and each row's last
+(``one_launch_default``, up to batch 8): flushing rows flush on the step's own tiles, in
+passes of a few rows once a program holds more (``step_flush_default``), and each row's last
 program advances its cursor (``finish_row``).
 """
 
@@ -355,7 +356,7 @@ def _mamba2_nonflush_kernel(
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, E4M3: tl.constexpr = False,
     PDL: tl.constexpr = False, FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
-    WORDS8: tl.constexpr = False,
+    WORDS8: tl.constexpr = False, FR: tl.constexpr = 0, FR_DOT: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at once:
@@ -378,7 +379,10 @@ def _mamba2_nonflush_kernel(
     programs of a flushing row flush their own rows instead (``_mamba2_flush_rows``, records
     folded one by one: a tile may be narrower than a tensor-core product) and, with ADVANCE,
     each row's last program to finish advances its cursor (``finish_row``): the step is this
-    launch alone. WORDS8 decodes an fp8 read source from int32 words (``rows_dot``)."""
+    launch alone. FR > 0 has a one-launch program flush its rows in passes of FR rows (a loop,
+    so the flush holds no more registers than one pass needs), each pass folding its records
+    as one bf16x3 product with FR_DOT (FR >= 16, a bf16 ring), else one by one. WORDS8
+    decodes an fp8 read source from int32 words (``rows_dot``)."""
     b, h, pt = row_head_tile(TILE_FIRST)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (pt == 0):
@@ -416,6 +420,20 @@ def _mamba2_nonflush_kernel(
                     Bv = tl.load(B_ptr + (b * G + g) * N + n)
                     tl.store(Br_ptr + slot * s_Br + (g * CAP + c) * N + n,
                              Bv.to(Br_ptr.dtype.element_ty))
+        elif ONE_LAUNCH and FR > 0:
+            nans = tl.zeros((), dtype=tl.int32)
+            ROWS: tl.constexpr = BP + BP2
+            for p0 in tl.range(0, ROWS, FR, num_stages=1):
+                p = pt * BP + p0 + tl.arange(0, FR)
+                nans += _mamba2_flush_rows(
+                    b, h, p, p < P, slot, fi, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
+                    ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                    xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, seed, layer,
+                    H, P, N, G, L, CAP, LB, CK_FMT, RD_FMT, SR, HAS_D, FR, not FR_DOT,
+                    "bf16x3" if FR_DOT else "ieee", ck_ptr, 0, False)
+            if nans > 0:
+                tl.atomic_add(nan_ptr, nans)
         elif ONE_LAUNCH:
             p = pt * BP + tl.arange(0, BP)
             nans = _mamba2_flush_rows(
@@ -634,8 +652,11 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     no cap; ``maxnreg`` by default ``mamba2_nonflush_maxnreg_default``).
     ``one_launch`` (default ``one_launch_default``: small batches) makes the whole step one
     launch: conventional programs and flushing rows' programs do their work on the step's
-    tiles (records folded one by one, so the flush knobs do not apply) and the last program
-    to finish advances the cursors (a launch of its own with ``fuse_advance=False``).
+    tiles (so the flush knobs do not apply) and the last program to finish advances the
+    cursors (a launch of its own with ``fuse_advance=False``). ``step_flush_rows`` /
+    ``step_flush_fold`` (default ``step_flush_default``) have such a program flush its rows in
+    passes of that many rows, each folded record by record (``"records"``) or as one bf16x3
+    product (``"dot"``); ``fuse_prep=False`` keeps the ring-products launch before it.
     ``nvfp4_decode`` picks how a non-flush step decodes an NVFP4 source (``NVFP4_DECODES``;
     default ``"e4m3"``); ``lut=True`` reads a 16-entry table instead; ``fp8_decode`` how it
     decodes an fp8 one (``FP8_DECODES``, ``fp8_decode_of``; default ``"cvt"``). ``pdl`` (default: on
@@ -695,6 +716,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
         BP=plan.rows, LUT=plan.lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
         BP2=plan.rows2, ONE_LAUNCH=plan.one_launch, ADVANCE=plan.ticket,
+        FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot",
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         E4M3=plan.decode == "e4m3", WORDS8=plan.decode == "words8", PDL=plan.step_pdl,
         FLUSH_PDL=fl_pdl,
@@ -732,7 +754,9 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                      whole_head: bool | None = None, one_launch: bool | None = None,
                      nvfp4_decode: str | None = None, pdl: bool | str | None = None,
                      early_loads: bool | None = None, prep_groups: int | None = None,
-                     flush_tma: bool | None = None, fp8_decode: str | None = None) -> StepPlan:
+                     flush_tma: bool | None = None, fp8_decode: str | None = None,
+                     step_flush_rows: int | None = None,
+                     step_flush_fold: str | None = None) -> StepPlan:
     """The launches of ``mamba2_decode_step`` for H heads of P rows x N state columns in G
     groups, ring capacity ``capacity`` (0: conventional), ``batch`` rows on ``target``, with
     its knobs (same names and defaults); every knob is checked here, before any launch.
@@ -750,7 +774,9 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, fmaxnreg, flush_tma or None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
-                            step_state=batch * H * P * N)
+                            step_state=batch * H * P * N,
+                            passes=capacity > 0 and flush_passes_default(cfg, P)
+                            and step_flush_rows is None and step_flush_fold is None)
     advance = advance and keeps_counters(cfg, capacity)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
@@ -761,7 +787,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     BP2 = 0
     split = whole_head_rows(P, N) if capacity else None
     if whole_head is None:
-        whole_head = whole_head_default(cfg, ol) and block_p is None and BP == kb
+        passes = flush_passes_default(cfg, P) or step_flush_rows is not None
+        whole_head = whole_head_default(cfg, ol, passes) and block_p is None and BP == kb
     if whole_head and split is not None:
         BP, BP2 = split
     tiles = 1 if BP2 else triton.cdiv(P, BP)
@@ -778,7 +805,13 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
         return StepPlan(**{**base, "decode": "", "early_loads": False},
                         separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
-    fp = ol or (fused_prep_default(batch) if fuse_prep is None else fuse_prep)
+    if ol and step_flush_rows is None and step_flush_fold is None:
+        step_flush_rows, step_flush_fold = step_flush_default(cfg, BP, BP2, ring_dtype)
+    fr, fr_fold = check_step_flush(step_flush_rows, step_flush_fold, ol, BP, BP2, ring_dtype)
+    # a one-launch step forms its ring products unless asked not to (then the products launch
+    # runs before it, and the step is two launches)
+    fp = ((fuse_prep is None or fuse_prep) if ol else
+          (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
     if maxnreg is _DEFAULT:
         base["maxnreg"] = mamba2_nonflush_maxnreg_default(decode, BP2, base["warps"], kw, fp,
                                                           batch)
@@ -802,9 +835,77 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
             stages=flush_stages or flush_stages_for(cfg, tma), tma=tma,
             tiles=batch * H * triton.cdiv(P, BPF), per_sm=flush_per_sm, maxnreg=fmaxnreg,
             pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance)
+    base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
     return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
                     fused_prep=fp, prep_groups=pg, prep_grid=None if fp else (batch, G // pg),
                     prep_pdl=prep_pdl and not fp, step_pdl=step_pdl, flush=flush)
+
+
+STEP_FLUSH_PASS_ROWS = 8
+STEP_FLUSH_DOT_ROWS = 16
+
+
+def flush_passes_default(cfg, P: int) -> bool:
+    """Whether a Mamba-2 ReplaySSM step's one-launch programs, flushing in row passes
+    (``step_flush_default``), make the step one launch up to ``ONE_LAUNCH_PASSES_MAX_BATCH``
+    (``one_launch_default``): every config except an SR checkpoint on heads of more than
+    64 rows, whose whole-head programs (Nemotron-3-Nano-4B's 80 rows in ten passes) flush
+    as one long chain. Measured on the H200 (reports/kernels/tune_r265_step_flush_batches.log):
+    Nano-4B's nvfp4-read/fp16-sr window 8.6 -> 8.8 us at batch 4 and 10.0 -> 9.9 at 8, its
+    flush 25.5 -> 49.0 and 45.7 -> 65.2 us."""
+    return not (cfg.uses_sr and P > 64)
+
+
+def step_flush_default(cfg, BP: int, BP2: int, ring_dtype: torch.dtype) -> tuple[int | None, str | None]:
+    """(``step_flush_rows``, ``step_flush_fold``) of a one-launch step left at their defaults:
+    a program of more rows than one pass flushes them in passes, a plain fp32 checkpoint (no
+    read copy, bf16 ring) on passes of 16 rows folded as one bf16x3 product, every other
+    config on passes of 8 rows folded record by record; a program of 16 rows or fewer
+    (batch 1-2, whose grids shrink to 8-16 rows) flushes them at once, as before. Measured on
+    the H200, window us (two launches or the one-launch flush at once -> passes;
+    reports/kernels/tune_r264_step_flush_small.log, tune_r265_step_flush_batches.log):
+
+    * Nemotron-3-Super, batch 4: replay-fp32 8.8 -> 6.7 (8 rows: 6.8; at once in one launch
+      8.0, its flush 34.5 against 11.9 us), nvfp4-read/fp16-sr 7.7 -> 6.0, fp8-read/fp32 7.2
+      -> 5.8, nvfp4-read/fp32 7.6 -> 5.7; batch 8: 12.7 -> 9.6, 10.0 -> 8.1, 8.8 -> 8.5,
+      10.5 -> 8.2;
+    * Nano-4B (whole-head programs of 64 + 16 rows, ``whole_head_default``), batch 4: 8.9 ->
+      7.2, fp8-read/fp32 7.5 -> 6.8, nvfp4-read/fp32 8.6 -> 8.3; batch 8: 12.6 -> 9.6, 10.3
+      -> 8.7, 10.4 -> 9.4;
+    * batch 16 and up the persistent flush wins back (Super replay-fp32 28.5 against 26.0-26.7
+      at 16 but nvfp4-read/fp16-sr 15.3 against 15.8; at 32 every preset 0.5-23% slower in one
+      launch), hence ``ONE_LAUNCH_PASSES_MAX_BATCH``."""
+    rows = BP + BP2
+    plain = cfg.read is None and cfg.ckpt.name == "fp32" and ring_dtype == torch.bfloat16
+    fr = STEP_FLUSH_DOT_ROWS if plain else STEP_FLUSH_PASS_ROWS
+    if rows <= STEP_FLUSH_DOT_ROWS or BP % fr or BP2 % fr:
+        return None, None
+    return fr, "dot" if plain else "records"
+
+
+def check_step_flush(rows: int | None, fold: str | None, one_launch: bool, BP: int, BP2: int,
+                     ring_dtype: torch.dtype) -> tuple[int, str]:
+    """(rows per pass, fold) of a one-launch program's flush (``step_flush_rows`` /
+    ``step_flush_fold``): passes must divide the program's row passes (``BP``, ``BP2``), and
+    the ``"dot"`` fold needs 16+ rows (an MMA's least) and a bf16 ring, as the persistent
+    flush's bf16x3 products do. Refused without ``one_launch``, where no step program flushes."""
+    if rows is None and fold is None:
+        return 0, "records"
+    if not one_launch:
+        raise ValueError("step_flush_rows / step_flush_fold set how a one-launch step's "
+                         "programs flush; they need one_launch=True")
+    fold = fold or "records"
+    if fold not in FLUSH_FOLDS:
+        raise ValueError(f"step_flush_fold must be one of {FLUSH_FOLDS}, got {fold!r}")
+    rows = rows or (BP if not BP2 else min(BP, BP2))
+    if rows <= 0 or rows & (rows - 1) or BP % rows or (BP2 and BP2 % rows):
+        raise ValueError(f"step_flush_rows must be a power of two dividing the program's rows "
+                         f"({BP}" + (f" + {BP2}" if BP2 else "") + f"), got {rows}")
+    if fold == "dot":
+        if rows < 16:
+            raise ValueError(f"step_flush_fold='dot' needs step_flush_rows >= 16, got {rows}")
+        fold_precision("bf16x3", ring_dtype)
+    return rows, fold
 
 
 PDL_EDGES = ("prep", "flush")
@@ -962,7 +1063,7 @@ def mamba2_nonflush_maxnreg_default(decode: str, rows2: int, warps: int, default
     return None
 
 
-def whole_head_default(cfg, one_launch: bool = False) -> bool:
+def whole_head_default(cfg, one_launch: bool = False, passes: bool = False) -> bool:
     """Whether a non-flush step covers each head in one program (``whole_head``) by default,
     measured on the H200 (reports/kernels):
 
@@ -973,8 +1074,11 @@ def whole_head_default(cfg, one_launch: bool = False) -> bool:
       32-row programs, 294.3 -> 287.2 us at batch 256, 572.0 -> 559.5 at 512, 79.9 -> 78.7 at
       64 and 27.1 -> 26.1 at 16. A flush step then ends its non-flush launch of exiting
       programs sooner (632 -> 600 us at 256), and the non-flush step is faster too (271.9 ->
-      266.4 us) (tune_r132_nano_whole_head*.log)."""
-    return cfg.L > 1 and (reads_narrow_copy(cfg) or not one_launch)
+      266.4 us) (tune_r132_nano_whole_head*.log). One-launch steps whose programs flush in
+      row passes (``passes``, ``step_flush_default``) take whole heads too: Nano-4B's
+      replay-fp32 window 9.3 -> 7.2 us at batch 4 and 14.4 -> 9.6 at 8 against 32-row
+      programs (reports/kernels/tune_r265_step_flush_batches.log)."""
+    return cfg.L > 1 and (reads_narrow_copy(cfg) or not one_launch or passes)
 
 
 def early_loads_default(cfg, batch: int, one_launch: bool) -> bool:
@@ -1033,6 +1137,7 @@ def fused_prep_default(batch: int) -> bool:
 
 
 ONE_LAUNCH_MAX_BATCH = 4
+ONE_LAUNCH_PASSES_MAX_BATCH = 8
 ONE_LAUNCH_MAX_BATCH_CONV = 1
 ONE_LAUNCH_MAX_STATE = 1 << 21
 
@@ -1049,7 +1154,7 @@ def keeps_counters(cfg, capacity: int) -> bool:
 
 
 def one_launch_default(batch: int, conventional: bool = False, step_state: int = 0,
-                       light_flush: bool = False) -> bool:
+                       light_flush: bool = False, passes: bool = False) -> bool:
     """Whether a decode step is one launch (``finish_row``), measured on the H200 with every
     state from HBM:
 
@@ -1070,17 +1175,26 @@ def one_launch_default(batch: int, conventional: bool = False, step_state: int =
       fp32 checkpoint, no read copy): Qwen3.5-122B's replay-fp32 window at batch 4, 10.7
       against 12.2 us as two launches.
 
+    * up to ``ONE_LAUNCH_PASSES_MAX_BATCH`` (8), whatever the state's size, when the step's
+      programs flush in row passes (``passes``: Mamba-2's ReplaySSM steps,
+      ``flush_passes_default``, ``step_flush_default``), so the flush holds no more registers
+      than a pass: Nemotron-3-Super's replay-fp32 window 8.8 -> 6.7 us at batch 4 and 12.7
+      -> 9.6 at 8 (reports/kernels/tune_r265_step_flush_batches.log).
+
     Larger batches keep the lean non-flush launch and the persistent flush, whose tiles are
     tuned apart (the one-launch flush folds on one-warp step tiles: 274 against 58 us at
-    batch 16, tune_r92_one_launch.log)."""
+    batch 16, tune_r92_one_launch.log; in passes 52.5-56.0 against 51.2, and at batch 256
+    698-798 against 629 us with the non-flush steps no faster, tune_r263_step_flush.log)."""
     if conventional:
         return batch <= ONE_LAUNCH_MAX_BATCH_CONV
+    if passes:
+        return batch <= ONE_LAUNCH_PASSES_MAX_BATCH
     return batch <= ONE_LAUNCH_MAX_BATCH and (step_state <= ONE_LAUNCH_MAX_STATE or light_flush)
 
 
 def resolve_one_launch(one_launch: bool | None, batch: int, flush_knobs: tuple = (),
                        conventional: bool = False, step_state: int = 0,
-                       light_flush: bool = False) -> bool:
+                       light_flush: bool = False, passes: bool = False) -> bool:
     """The one-launch choice of a step: unless given, the default for the batch, step kind
     and size (``one_launch_default``), and off when any knob of the persistent flush
     (``flush_knobs``) is set, since that asks for that flush; asking for both is refused."""
@@ -1088,7 +1202,7 @@ def resolve_one_launch(one_launch: bool | None, batch: int, flush_knobs: tuple =
         raise ValueError("the flush knobs set the persistent flush launch; one_launch=True "
                          "flushes on the step's own tiles, folding records one by one")
     if one_launch is None:
-        return (one_launch_default(batch, conventional, step_state, light_flush)
+        return (one_launch_default(batch, conventional, step_state, light_flush, passes)
                 and all(k is None for k in flush_knobs))
     return one_launch
 

@@ -163,6 +163,8 @@ class StepPlan:
     decode: str = ""  # how a narrow source is decoded (NVFP4 "e4m3" / "words" / "lut", fp8 "words8")
     early_loads: bool = False
     lut: bool = False  # an NVFP4 source decoded through a 16-entry table
+    step_flush_rows: int = 0  # rows per flush pass of a one-launch program (0: its rows at once)
+    step_flush_fold: str = "records"  # how such a pass folds its records ("records" / "dot")
 
     @property
     def conventional(self) -> bool:
@@ -196,7 +198,11 @@ class StepPlan:
             if self.early_loads:
                 knobs["early_loads"] = True
             if self.one_launch:
-                knobs["flush"] = "on the step's tiles, records one by one"
+                knobs["flush"] = ("on the step's tiles, records one by one"
+                                  if self.step_flush_fold == "records" else
+                                  "on the step's tiles, records as one bf16x3 product")
+                if self.step_flush_rows:
+                    knobs["flush"] += f", {self.step_flush_rows} rows a pass"
             out.append({"launch": "non-flush step" + (" + flush" if self.one_launch else ""),
                         "kernel": f"{pre}_nonflush_kernel", "grid": self.grid,
                         "programs": _prod(self.grid), "tile": tile, **common, "knobs": knobs})
