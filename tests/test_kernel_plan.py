@@ -142,6 +142,7 @@ def test_h200_defaults_are_the_measured_ones():
     sp = step_plan("nemotron-3-super", "replay-fp32", 8)
     assert (sp.rows, sp.step_flush_rows, sp.step_flush_fold) == (64, 16, "dot")
     assert "16 rows a pass" in sp.launches()[0]["knobs"]["flush"]
+    assert sp.summary() == "nonflush+flush 1024x(64x128) w1 passes 16 dot"
     np_ = step_plan("nemotron-3-nano-4b", "replay-fp32", 4)  # whole heads, 64 + 16 rows
     assert (np_.rows, np_.rows2, np_.step_flush_rows, np_.step_flush_fold) == (64, 16, 16, "dot")
     assert (step_plan("nemotron-3-super", "fp8-read/fp32", 4).step_flush_rows,
@@ -152,6 +153,10 @@ def test_h200_defaults_are_the_measured_ones():
     assert not any(step_plan(s, "replay-fp32", b).step_flush_rows for s in (
         "nemotron-3-super", "nemotron-3-nano-4b") for b in (1, 2))
     assert not step_plan("nemotron-3-nano-4b", "nvfp4-read/fp8-sr", 8).one_launch
+    # a head of 16 rows or fewer would flush at once: one launch only up to batch 4, as before
+    tiny = km.mamba2_step_plan(PRESETS["replay-fp32"], 16, 2, 16, 32, 1, 8, TARGETS["h200"])
+    assert not tiny.one_launch and tiny.flush is not None
+    assert step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 8).flush.maxnreg == 168
     b4 = step_plan("nemotron-3-nano-4b", "nvfp4-read/fp16-sr", 4)
     assert b4.flush is not None and b4.fused_prep and [ln["launch"] for ln in b4.launches()] == [
         "non-flush step", "flush (persistent)"]
@@ -227,7 +232,7 @@ def test_h200_defaults_are_the_measured_ones():
     for shape in ("nemotron-3-super", "nemotron-3-nano-4b"):
         for cfg in (PRESETS["nvfp4-read/fp16-sr"],
                     dataclasses.replace(PRESETS["nvfp4-read/fp16-sr"], L=8)):
-            plans = [step_plan(shape, cfg, b).flush for b in (8, 64, 256, 512)]
+            plans = [step_plan(shape, cfg, b).flush for b in (16, 64, 256, 512)]
             assert [(f.fold, f.rows, f.warps, f.maxnreg) for f in plans] == [
                 ("records", 16, 2, 168)] * 4
             assert step_plan(shape, cfg, 256, flush_maxnreg=None).flush.maxnreg is None

@@ -260,7 +260,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, PDL=pdl and not one_launch,
-                      FLUSH_PDL=pdl and not one_launch, EARLY=False, **one)
+                      FLUSH_PDL=pdl and not one_launch, EARLY=False, FR=0, FR_DOT=False, **one)
         return km._mamba2_nonflush_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:

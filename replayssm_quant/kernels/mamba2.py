@@ -773,24 +773,30 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
               fp8_decode_of(fp8_decode, src.name, capacity))
     flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, fmaxnreg, flush_tma or None)
+    kb, kw = mamba2_step_knobs(cfg, P, N)
+    split = whole_head_rows(P, N) if capacity else None
+
+    def step_rows(ol: bool) -> tuple[int, int]:
+        """(rows, second row pass) of a step program, one launch or not."""
+        rows = block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
+        wh = whole_head
+        if wh is None:
+            passes = flush_passes_default(cfg, P) or step_flush_rows is not None
+            wh = whole_head_default(cfg, ol, passes) and block_p is None and rows == kb
+        return split if wh and split is not None else (rows, 0)
+
+    # one launch up to a larger batch where its programs would flush in row passes
+    passes = (capacity > 0 and step_flush_rows is None and step_flush_fold is None
+              and flush_passes_default(cfg, P)
+              and step_flush_default(cfg, *step_rows(True), ring_dtype)[0] is not None)
     ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
-                            step_state=batch * H * P * N,
-                            passes=capacity > 0 and flush_passes_default(cfg, P)
-                            and step_flush_rows is None and step_flush_fold is None)
+                            step_state=batch * H * P * N, passes=passes)
     advance = advance and keeps_counters(cfg, capacity)
     ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
     use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
     if early_loads is None:
         early_loads = early_loads_default(cfg, batch, ol)
-    kb, kw = mamba2_step_knobs(cfg, P, N)
-    BP = block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
-    BP2 = 0
-    split = whole_head_rows(P, N) if capacity else None
-    if whole_head is None:
-        passes = flush_passes_default(cfg, P) or step_flush_rows is not None
-        whole_head = whole_head_default(cfg, ol, passes) and block_p is None and BP == kb
-    if whole_head and split is not None:
-        BP, BP2 = split
+    BP, BP2 = step_rows(ol)
     tiles = 1 if BP2 else triton.cdiv(P, BP)
     if tile_first is None:
         tile_first = (not reads_narrow_copy(cfg) if BP2 else
@@ -846,13 +852,14 @@ STEP_FLUSH_DOT_ROWS = 16
 
 
 def flush_passes_default(cfg, P: int) -> bool:
-    """Whether a Mamba-2 ReplaySSM step's one-launch programs, flushing in row passes
-    (``step_flush_default``), make the step one launch up to ``ONE_LAUNCH_PASSES_MAX_BATCH``
-    (``one_launch_default``): every config except an SR checkpoint on heads of more than
-    64 rows, whose whole-head programs (Nemotron-3-Nano-4B's 80 rows in ten passes) flush
-    as one long chain. Measured on the H200 (reports/kernels/tune_r265_step_flush_batches.log):
-    Nano-4B's nvfp4-read/fp16-sr window 8.6 -> 8.8 us at batch 4 and 10.0 -> 9.9 at 8, its
-    flush 25.5 -> 49.0 and 45.7 -> 65.2 us."""
+    """Whether a Mamba-2 ReplaySSM step's one-launch programs, where they would flush in row
+    passes (``step_flush_default``: more than 16 rows), make the step one launch up to
+    ``ONE_LAUNCH_PASSES_MAX_BATCH`` (``one_launch_default``): every config except an SR
+    checkpoint on heads of more than 64 rows, whose whole-head programs
+    (Nemotron-3-Nano-4B's 80 rows in ten passes) flush as one long chain. Measured on the
+    H200 (reports/kernels/tune_r265_step_flush_batches.log): Nano-4B's nvfp4-read/fp16-sr
+    window 8.6 -> 8.8 us at batch 4 and 10.0 -> 9.9 at 8, its flush 25.5 -> 49.0 and 45.7
+    -> 65.2 us."""
     return not (cfg.uses_sr and P > 64)
 
 

@@ -242,7 +242,9 @@ class StepPlan:
                              + (" tma" if k["tma"] else "") + (" pdl" if k["pdl"] else ""))
             else:
                 parts.append(f"{name} {ln['programs']}x({ln['tile'].replace(' ', '')}) w{ln['warps']}"
-                             + (" pdl" if ln["knobs"].get("pdl") else ""))
+                             + (" pdl" if ln["knobs"].get("pdl") else "")
+                             + (f" passes {self.step_flush_rows} {self.step_flush_fold}"
+                                if name == "nonflush+flush" and self.step_flush_rows else ""))
         return " | ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
