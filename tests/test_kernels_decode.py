@@ -235,18 +235,27 @@ def test_one_launch_ticket_is_rearmed(kind):
         assert cache.flush_index[live].tolist() == [(t + 1) // cfg.L] * 3
 
 
+@pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 @pytest.mark.parametrize("name,fold,rows", [
     ("replay-fp32", "dot", 16), ("replay-fp32", "records", 8), ("nvfp4-read/fp16-sr", "records", 8),
     ("nvfp4-read/fp8-sr", "records", 4), ("shared-fp8", "records", 8), ("fp8-read/fp32", "dot", 16)])
-def test_one_launch_flush_in_row_passes_matches_reference(name, fold, rows):
+def test_one_launch_flush_in_row_passes_matches_reference(kind, name, fold, rows):
     """A one-launch program that flushes its rows in passes (``step_flush_rows``, a loop of
-    passes each folded record by record or as one bf16x3 product), on 32-row programs and on
-    whole heads of 16 + 8 rows, with the ring products from their own launch
-    (``fuse_prep=False``) or formed in the program: the same outputs, counters and states as
-    the reference, rows flushing on different steps, stale ring records NaN."""
+    passes each folded record by record or as one bf16x3 product), on 32-row programs (Mamba-2
+    also on whole heads of 16 + 8 rows, and with the ring products from their own launch,
+    ``fuse_prep=False``): the same outputs, counters and states as the reference, rows
+    flushing on different steps, stale ring records NaN. A GDN read copy's flush recomputes
+    the u records one by one, so the bf16x3 fold is refused there."""
     cfg = _small_L(PRESETS[name])
     act = torch.bfloat16 if fold == "dot" else torch.float32
     kw = dict(one_launch=True, step_flush_rows=rows, step_flush_fold=fold, act=act)
+    if kind == "gdn":
+        if fold == "dot" and cfg.recompute_u:
+            with pytest.raises(ValueError, match="recomputes them"):
+                _run("gdn", cfg, steps=1, head_dim=32, block_v=32, **kw)
+            return
+        _run("gdn", cfg, stagger=True, head_dim=32, block_v=32, poison_ring=True, **kw)
+        return
     _run("mamba2", cfg, stagger=True, head_dim=32, block_p=32, fuse_prep=False,
          poison_ring=True, **kw)
     if rows <= 8:

@@ -281,7 +281,8 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
                       TILE_FIRST=False, FUSED_PREP=one_launch, PDL=pdl and not one_launch,
                       FLUSH_PDL=pdl and not one_launch, EARLY=False,
-                      WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"], **one)
+                      WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
+                      FR=0, FR_DOT=False, **one)
         return kg._gdn_nonflush_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:

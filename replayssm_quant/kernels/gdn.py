@@ -53,6 +53,7 @@ from .mamba2 import (
     advance_cursor,
     advance_rows,
     check_prep_groups,
+    check_step_flush,
     default_fold_precision,
     finish_row,
     flush_list,
@@ -329,6 +330,7 @@ def _gdn_nonflush_kernel(
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, PDL: tl.constexpr = False,
     FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, WORDS8: tl.constexpr = False,
+    FR: tl.constexpr = 0, FR_DOT: tl.constexpr = False,
 ):
     """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source (S
     k and S q in one pass) + the ring, then append the record. Flushing rows exit at once: the
@@ -341,7 +343,9 @@ def _gdn_nonflush_kernel(
     one by one) and, with ADVANCE, each row's last program to finish advances its cursor
     (``finish_row``): the step is this launch alone. EARLY as in the Mamba-2 non-flush
     kernel: the output's loads are issued before the cursor arrives. WORDS8 decodes an fp8
-    read source from int32 words (``rows_dot``)."""
+    read source from int32 words (``rows_dot``). FR > 0 has a one-launch program flush its
+    rows in passes of FR rows, as in the Mamba-2 kernel (FR_DOT: each pass's records folded
+    as one bf16x3 product; no u recompute)."""
     RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
     if FUSED_PREP and not ONE_LAUNCH:
@@ -393,14 +397,27 @@ def _gdn_nonflush_kernel(
             if not RECOMPUTE:  # the records' u come from the ring: w needs k_j . k
                 kkt = _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot,
                                     c, HK, K, CAP, LB, False)[0]
-            vv = vt * BV + tl.arange(0, BV)
-            nans = _gdn_flush_rows(
-                b, h, vv, vv < V, slot, fi, kd_ptr, kkt, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                o_ptr, ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
-                rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
-                kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
-                kd_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR, RECOMPUTE,
-                BV, True, "ieee", True, ck_ptr, 0, False)
+            if FR > 0:
+                nans = tl.zeros((), dtype=tl.int32)
+                for v0 in tl.range(0, BV, FR, num_stages=1):
+                    vv = vt * BV + v0 + tl.arange(0, FR)
+                    nans += _gdn_flush_rows(
+                        b, h, vv, vv < V, slot, fi, kd_ptr, kkt, q_ptr, k_ptr, v_ptr, g_ptr,
+                        beta_ptr, o_ptr, ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                        rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                        kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+                        kd_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR,
+                        RECOMPUTE, FR, not FR_DOT, "bf16x3" if FR_DOT else "ieee", True,
+                        ck_ptr, 0, False)
+            else:
+                vv = vt * BV + tl.arange(0, BV)
+                nans = _gdn_flush_rows(
+                    b, h, vv, vv < V, slot, fi, kd_ptr, kkt, q_ptr, k_ptr, v_ptr, g_ptr,
+                    beta_ptr, o_ptr, ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
+                    rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs,
+                    kr_ptr, ur_ptr, gr_ptr, vr_ptr, br_ptr, s_kr, s_ur, s_gr, s_vr, s_br,
+                    kd_ptr, seed, layer, HV, HK, V, K, L, CAP, LB, CK_FMT, RD_FMT, SR, RECOMPUTE,
+                    BV, True, "ieee", True, ck_ptr, 0, False)
             if nans > 0:
                 tl.atomic_add(nan_ptr, nans)
         if ONE_LAUNCH and ADVANCE:
@@ -843,6 +860,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
         ADVANCE=plan.ticket, CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         PDL=plan.step_pdl, FLUSH_PDL=fl_pdl, EARLY=plan.early_loads,
         WORDS8=plan.decode == "words8", launch_pdl=plan.step_pdl,
+        FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot",
         num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
         launch_persistent(
@@ -873,7 +891,9 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                   flush_maxnreg: int | None | object = _DEFAULT,
                   one_launch: bool | None = None, pdl: bool | str | None = None,
                   early_loads: bool = False, prep_groups: int | None = None,
-                  flush_tma: bool | None = None, fp8_decode: str | None = None) -> StepPlan:
+                  flush_tma: bool | None = None, fp8_decode: str | None = None,
+                  step_flush_rows: int | None = None,
+                  step_flush_fold: str | None = None) -> StepPlan:
     """The launches of ``gdn_decode_step`` for HV value heads of V rows x K key columns and
     HK key heads, ring capacity ``capacity`` (0: conventional), ``batch`` rows on
     ``target``, with its knobs (same names and defaults); every knob is checked here, before
@@ -907,6 +927,12 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     if capacity == 0:
         return StepPlan(**base, separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
+    # row passes of a one-launch flush: a knob only on GDN (no default measured yet)
+    fr, fr_fold = check_step_flush(step_flush_rows, step_flush_fold, ol, BV, 0, ring_dtype)
+    if fr_fold == "dot" and cfg.recompute_u:
+        raise ValueError("step_flush_fold='dot' folds the ring's u records; a read copy's flush "
+                         "recomputes them record by record (use 'records')")
+    base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
     fold, fblock, fwarps = gdn_flush_knobs(cfg, batch)
     records = _records(flush_fold or fold)
     ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
