@@ -176,6 +176,41 @@ def test_refuses_the_interpreter_and_wrong_presets():
     assert out.returncode != 0 and "needs L = 1" in out.stderr
 
 
+def test_issue_budget_weighs_a_tile_against_its_counted_bytes():
+    mod = _module()
+    issue = 132 * 4 * 1.98e9 * 32  # thread-instructions per second on the H200
+    copy = 0.85 * 4.25e12
+    # Nemotron-3-Super's flush of an fp16-SR checkpoint with an NVFP4 read copy, per element:
+    # the checkpoint read and written (2 + 2 bytes), the copy's codes, block and row scales
+    # (64 + 8 + 4 bytes a 128-element row), 15 ring records of x, dt and B over 8192 x 128
+    # elements
+    record = 128 * 64 * 2 + 128 * 4 + 8 * 128 * 2
+    flush = 4 + 76 / 128 + 15 * record / (8192 * 128)
+    stats = {"kernel": {"instructions": 5000}, "main_loop": {"instructions": 3200}}
+    b = mod.issue_budget("mamba2-flush", "nvfp4-read/fp16-sr", 16, 2, stats)
+    assert b["counted"] == "main_loop" and b["elements_per_thread"] == 32
+    assert b["part"] == "flush step"
+    assert b["instructions_per_element"] == pytest.approx(100.0)
+    assert b["bytes_per_element"] == pytest.approx(flush)
+    assert b["budget"] == pytest.approx(issue * flush / copy)
+    assert b["over_budget"] == pytest.approx(100.0 / b["budget"])
+    # a non-flush program is one tile: the whole listing counts, whatever loop it holds; the
+    # Qwen3.5-4B step reads the NVFP4 copy and the records of a window on average, each with
+    # the v and beta a narrow copy's flush recomputes u from
+    b = mod.issue_budget("gdn-nonflush", "nvfp4-read/fp32", 64, 1, stats)
+    assert b["counted"] == "kernel" and b["elements_per_thread"] == 256
+    assert b["instructions_per_element"] == pytest.approx(5000 / 256)
+    grec = 16 * 128 * 2 + 32 * 128 * 4 + 32 * 4 + 32 * 128 * 2 + 32 * 4  # k, u, g, v, beta
+    nonflush = 76 / 128 + sum(k * grec for k in range(1, 16)) / 15 / (32 * 128 * 128)
+    assert b["bytes_per_element"] == pytest.approx(nonflush)
+    # a conventional step reads and writes its state
+    b = mod.issue_budget("mamba2-conv", "fp16-sr", 8, 2, {"kernel": {"instructions": 800}})
+    assert b["bytes_per_element"] == 4 and b["instructions_per_element"] == 50
+    assert b["part"] == "conventional step"
+    with pytest.raises(ValueError, match="decode-step targets"):
+        mod.issue_budget("gdn-verify", "replay-fp32", 32, 4, stats)
+
+
 def test_by_line_attributes_inlined_library_code_to_project_lines():
     mod = _module()
     annotated = "\n".join([

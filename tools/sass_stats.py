@@ -14,6 +14,8 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py gdn-conv --preset fp32 --block 32 --warps 8
     python tools/sass_stats.py read-bandwidth-step --preset fp32 --block 32 --warps 1 \
         --const RING=0     # benchmarks/read_bandwidth.py's GDN step mock (--preset unused)
+    python tools/sass_stats.py mamba2-flush --preset nvfp4-read/fp16-sr --block 16 --warps 2 \
+        --fold records --maxnreg 168 --budget   # instructions per element vs 85% of copy
 
 Shapes are Qwen3.5-4B's GDN layer (32 value heads, 16 key heads, d_k = d_v = 128) and
 Nemotron-3-Super's Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups). The counts
@@ -54,9 +56,27 @@ from replayssm_quant.kernels import gdn as kg  # noqa: E402
 from replayssm_quant.kernels import mamba2 as km  # noqa: E402
 from replayssm_quant.kernels.common import FMT_CODES, FMT_NONE  # noqa: E402
 from replayssm_quant.kernels.persistent import programs_per_sm  # noqa: E402
-from replayssm_quant.precision import PRESETS  # noqa: E402
+from replayssm_quant.precision import PRESETS, SHAPES, step_bytes  # noqa: E402
 
 HV, HK, V, K = 32, 16, 128, 128
+
+# The H200 as it ran the decode sweeps: 132 SMs at 1980 MHz under load (reports/kernels/
+# probe_r84_smi.csv), each SM's four schedulers issuing one warp-instruction per cycle, and a
+# device-to-device copy at 4.25 TB/s read + write (reports/kernels/README.md).
+H200_THREAD_ISSUE = 132 * 4 * 1.98e9 * 32  # thread-instructions per second
+H200_COPY = 4.25e12  # bytes per second
+# Decode-step targets whose tiles are (rows, 128) state elements: the shape the target compiles
+# for and the part of a step whose counted bytes (a ``step_bytes`` field) the kernel moves.
+BUDGET_PARTS = {
+    "mamba2-flush": ("nemotron-3-super-120b", "flush"),
+    "mamba2-nonflush": ("nemotron-3-super-120b", "nonflush"),
+    "mamba2-conv": ("nemotron-3-super-120b", "window_average"),
+    "gdn-flush": ("qwen3.5-4b", "flush"),
+    "gdn-nonflush": ("qwen3.5-4b", "nonflush"),
+    "gdn-conv": ("qwen3.5-4b", "window_average"),
+}
+_PART_NAMES = {"flush": "flush step", "nonflush": "non-flush step",
+               "window_average": "conventional step"}
 _ADDR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
 
 
@@ -455,6 +475,32 @@ def sass_stats(fn, signature: dict, constexprs: dict, num_warps: int, arch: int 
     return out
 
 
+def issue_budget(name: str, preset: str, block: int, warps: int, stats: dict,
+                 fraction: float = 0.85, copy: float = H200_COPY,
+                 issue: float = H200_THREAD_ISSUE) -> dict:
+    """How many instructions per state element a decode kernel may issue and still move its
+    counted bytes at ``fraction`` of the copy bandwidth: ``issue * bytes / (fraction * copy)``
+    thread-instructions per element, at one instruction per scheduler per cycle (an upper
+    bound: no kernel issues on every cycle). Beside it the compiled count per element: the
+    persistent flushes' main loop (one tile per iteration), the other kernels' whole listing
+    (one tile per program), over the tile's ``block * d`` elements shared by ``warps * 32``
+    threads. Counts are static (both sides of every branch, each loop body once), so they
+    bound what a tile issues from above where a branch is rarely taken (the SR fallbacks)."""
+    if name not in BUDGET_PARTS:
+        raise ValueError(f"--budget covers the decode-step targets ({', '.join(BUDGET_PARTS)})")
+    shape_name, part = BUDGET_PARTS[name]
+    shape = SHAPES[shape_name]
+    per_elem = getattr(step_bytes(PRESETS[preset], shape), part) / (shape.rows * shape.d_state)
+    where = "main_loop" if name.endswith("-flush") and "main_loop" in stats else "kernel"
+    elems = block * shape.d_state / (warps * 32)
+    count = stats[where]["instructions"] / elems
+    budget = issue * per_elem / (fraction * copy)
+    return {"shape": shape_name, "part": _PART_NAMES[part], "bytes_per_element": per_elem,
+            "fraction": fraction, "budget": budget, "counted": where,
+            "elements_per_thread": elems, "instructions_per_element": count,
+            "over_budget": count / budget}
+
+
 def constexpr_overrides(items: list[str], names: list[str]) -> dict:
     """``NAME=VALUE`` items (``--const``) as constexprs: values are Python literals, and a name
     must be one of the kernel's arguments ``names`` (a typo would otherwise compile the
@@ -504,6 +550,10 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, default=None,
                     help="cap the registers per thread (the launch option of that name)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--budget", action="store_true",
+                    help="decode-step targets: instructions per state element against what the "
+                         "H200 can issue per element while the kernel moves its counted bytes at "
+                         "85%% of copy bandwidth (the decode issue's bar)")
     ap.add_argument("--one-launch", action="store_true",
                     help="step targets as one launch per step (flush and cursor advance inside)")
     ap.add_argument("--pdl", action="store_true",
@@ -522,7 +572,13 @@ def main() -> None:
         consts.update(constexpr_overrides(a.const, list(fn.arg_names)))
     except ValueError as err:
         sys.exit(f"--const: {err}")
+    if a.budget and a.one_launch:
+        sys.exit("--budget: a one-launch step mixes the non-flush and flush steps' bytes")
+    if a.budget and a.target not in BUDGET_PARTS:
+        sys.exit(f"--budget covers the decode-step targets ({', '.join(BUDGET_PARTS)})")
     s = sass_stats(fn, sig, consts, a.warps, a.arch, lines=a.by_line > 0, maxnreg=a.maxnreg)
+    if a.budget:
+        s["budget"] = issue_budget(a.target, a.preset, a.block, a.warps, s)
     if a.json:
         print(json.dumps(s, indent=1))
         return
@@ -534,6 +590,13 @@ def main() -> None:
             print(f"  {part:9s} {c['instructions']:6d} instructions, {c['barriers']:4d} barriers, "
                   f"{c['local_memory']:4d} local-memory ops, {c['shuffles']:4d} shuffles; "
                   f"top {c['top_ops']}")
+    if "budget" in s:
+        b = s["budget"]
+        print(f"  budget    {b['instructions_per_element']:.1f} instructions per state element "
+              f"({b['counted'].replace('_', ' ')}, static; {b['elements_per_thread']:g} per "
+              f"thread) against {b['budget']:.1f} that {b['fraction']:.0%} of a copy leaves the "
+              f"{b['part']}'s {b['bytes_per_element']:.3f} counted bytes per element on "
+              f"{b['shape']} ({b['over_budget']:.1f}x the budget)")
     if a.by_line:
         where = "main loop" if "main_loop" in s else "kernel"
         print(f"  {where} by source line (instructions, barriers, local-memory ops):")
