@@ -873,18 +873,98 @@ def test_lut_decode_matches_reference(kind):
     _run(kind, _small_L(PRESETS["nvfp4-read/fp16-sr"]), steps=3, lut=True)
 
 
-@pytest.mark.parametrize("mode", ["words", "e4m3"])
+@pytest.mark.parametrize("mode", ["words", "e4m3", "mma"])
 def test_mamba2_nvfp4_decodes_match_reference(mode):
-    """Both NVFP4 decodes of the Mamba-2 non-flush step (``nvfp4_decode``: through E4M3 bytes,
-    the default, or fp32 bit patterns) read the same values, for a read copy and for an NVFP4
-    checkpoint, with a NaN input; an unknown mode is refused."""
+    """The NVFP4 decodes of the Mamba-2 non-flush step (``nvfp4_decode``: through E4M3 bytes,
+    the default, fp32 bit patterns, or E4M3 bytes times the block scale in fp16 into a
+    tensor-core product with C's pieces from the ring-products launch) read the same
+    values, for a read copy and for an NVFP4 checkpoint, with fp32 and bf16 activations, a
+    NaN input and a NaN in the stored state; an unknown mode is refused, and the tensor-core
+    product where no ring-products launch runs."""
+    kw = dict(nvfp4_decode=mode)
+    if mode == "mma":
+        kw.update(fuse_prep=False, one_launch=False)
     for name in ("nvfp4-read/fp16-sr", "shared-nvfp4"):
         cfg = _small_L(PRESETS[name])
-        _run("mamba2", cfg, stagger=True, nvfp4_decode=mode)
-        ref, ker = _run("mamba2", cfg, steps=4, nan_at=1, nvfp4_decode=mode)
+        _run("mamba2", cfg, stagger=True, **kw)
+        ref, ker = _run("mamba2", cfg, steps=4, nan_at=1, **kw)
         assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+        if mode == "mma":
+            _run("mamba2", cfg, steps=3, act=torch.bfloat16, **kw)
+            _run("mamba2", cfg, steps=2, nan_state=True, **kw)
     with pytest.raises(ValueError, match="nvfp4_decode must be one of"):
         _one_row_step("mamba2", cfg, nvfp4_decode="lut")
+    if mode == "mma":
+        for bad in (dict(fuse_prep=True), dict(one_launch=True)):
+            with pytest.raises(ValueError, match="ring-products launch"):
+                _one_row_step("mamba2", cfg, nvfp4_decode="mma", **bad)
+
+
+def test_gdn_nvfp4_tensor_core_products_match_reference():
+    """``nvfp4_decode="mma"``: a GDN step's S k and S q of an NVFP4 source from one
+    tensor-core product of the decoded rows (codes times block scale in fp16) with the fp16
+    pieces of k and q that the ring-products launch writes. A read copy and an NVFP4
+    checkpoint, fp32 and bf16 activations, flushes on different steps, a NaN input and a NaN
+    in the stored state (its block scale NaN: the reference's rows NaN, no others); refused
+    where no ring-products launch runs, and for an unknown mode."""
+    kw = dict(nvfp4_decode="mma", fuse_prep=False, one_launch=False)
+    for name in ("nvfp4-read/fp16-sr", "shared-nvfp4"):
+        cfg = _small_L(PRESETS[name])
+        _run("gdn", cfg, stagger=True, **kw)
+        _run("gdn", cfg, steps=3, act=torch.bfloat16, **kw)
+        ref, ker = _run("gdn", cfg, steps=4, nan_at=1, **kw)
+        assert int(ker.nan_count.sum()) > 0 and int(ref.nan_count) > 0
+        _run("gdn", cfg, steps=2, nan_state=True, **kw)
+    cfg = PRESETS["nvfp4-read/fp16-sr"]
+    for bad in (dict(fuse_prep=True), dict(one_launch=True)):
+        with pytest.raises(ValueError, match="ring-products launch"):
+            _one_row_step("gdn", cfg, nvfp4_decode="mma", **bad)
+    with pytest.raises(ValueError, match="nvfp4_decode must be one of"):
+        _one_row_step("gdn", cfg, nvfp4_decode="e4m3")
+    with pytest.raises(ValueError, match="asks for another decode"):
+        _one_row_step("gdn", cfg, nvfp4_decode="mma", lut=True)
+
+
+@triton.jit
+def _pieces_kernel(v_ptr, out_ptr, scale_ptr, N: tl.constexpr):
+    from replayssm_quant.kernels.common import mma_vector_pieces
+
+    mma_vector_pieces(v_ptr, out_ptr, scale_ptr, 3, N, True)
+
+
+def test_mma_vector_pieces_hold_the_vector():
+    """Three fp16 pieces (columns 3-5, zeros after) times the stored factor give back every
+    fp32 entry, in the order the E4M3 word decode puts a row's nibbles in (entry 8 w +
+    nibble at row 8 w + position): exactly from 2^-16 of the largest entry up (24 bits in
+    three 11-bit pieces; two would not do), and below that to within 2^-39 of the largest
+    (fp16's smallest step after the prescale), far under an fp32 dot product's rounding. A
+    non-finite entry keeps its value in the first piece, zeros in the others."""
+    g = torch.Generator().manual_seed(5)
+    N = 32
+    v = torch.randn(N, generator=g) * torch.exp2(torch.randint(-24, 12, (N,), generator=g).float())
+    out = torch.full((N, 16), float("nan"), dtype=torch.float16)
+    scale = torch.full((1,), float("nan"))
+    _pieces_kernel[(1,)](v, out, scale, N=N)
+    pos = torch.arange(N)
+    want = v[(pos // 8) * 8 + 2 * (pos % 4) + (pos % 8) // 4].double()  # e2m1_word_nibble
+    assert torch.equal(out[:, 6:], torch.zeros(N, 10, dtype=torch.float16))
+    assert out[:, :3].isnan().all()  # other columns are not written
+    back = out[:, 3:6].double().sum(1) * scale.double() / 64
+    top = want.abs().max()
+    large = want.abs() >= top * 2.0**-16
+    assert large.sum() >= 8 and (~large).sum() >= 8
+    assert torch.equal(back[large], want[large])
+    assert ((back - want).abs() <= top * 2.0**-39).all()
+    two = out[:, 3:5].double().sum(1) * scale.double() / 64
+    assert not torch.equal(two[large], want[large])
+    row7, row9 = int((pos == 7).nonzero()), int((pos == 9).nonzero())  # entries 7 and 10
+    v[7], v[10] = float("inf"), float("nan")
+    _pieces_kernel[(1,)](v, out, scale, N=N)
+    assert out[row7, 3] == float("inf") and torch.isnan(out[row9, 3])
+    assert (out[[row7, row9], 4:6] == 0).all()
+    back = out[:, 3:6].double().sum(1) * scale.double() / 64
+    finite = torch.isfinite(back)
+    assert finite.sum() == N - 2 and torch.equal(back[large & finite], want[large & finite])
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])

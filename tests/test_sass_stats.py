@@ -84,6 +84,34 @@ def test_e4m3_nvfp4_decode_assembles_for_sm90():
     assert "HADD2" in res["e4m3"]["top_ops"] and "HADD2" not in res["words"]["top_ops"]
 
 
+@pytest.mark.skipif(not _bundled_ptxas(), reason="Triton without its bundled ptxas")
+@pytest.mark.parametrize("kind,base", [("gdn", "words"), ("mamba2", "e4m3")])
+def test_nvfp4_tensor_core_products_assemble_for_sm90(kind, base):
+    """The non-flush steps' tensor-core NVFP4 products (``nvfp4_decode="mma"``) compile for
+    sm_90 to HMMA and packed fp16 multiplies, in fewer instructions than the default decode
+    with its conversion or FMAs per element, and wait for the ring-products launch (which
+    writes the pieces) before the product; the ring-products program that writes them
+    assembles too."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = {}
+    for mode in ("mma", base):
+        out = subprocess.run([sys.executable, str(TOOL), f"{kind}-nonflush", "--preset",
+                              "nvfp4-read/fp16-sr", "--block", "64", "--warps", "1", "--pdl",
+                              "--nvfp4-decode", mode, "--json"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        res[mode] = json.loads(out.stdout)["kernel"]
+    assert res["mma"]["instructions"] < res[base]["instructions"]
+    assert res["mma"]["tensor_ops"] > 0 and res[base]["tensor_ops"] == 0
+    assert "HMUL2" in res["mma"]["top_ops"]
+    assert res["mma"]["grid_waits"] >= 1
+    out = subprocess.run([sys.executable, str(TOOL), f"{kind}-prep", "--preset",
+                          "nvfp4-read/fp16-sr", "--block", "2", "--warps", "4",
+                          "--nvfp4-decode", "mma", "--json"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name,preset,block,waits,releases", [
     ("mamba2-nonflush", "replay-fp32", 64, 1, 1), ("gdn-flush", "replay-fp32", 32, 1, 0),
     ("gdn-verify-prep", "replay-fp32", 16, 0, 1)])
@@ -145,6 +173,7 @@ def test_compiles_with_the_launch_specialization():
     ("gdn-nonflush", "nvfp4-read/fp32"), ("gdn-flush", "nvfp4-read/fp16-sr"),
     ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32"), ("gdn-verify-prep", "replay-fp32"),
     ("mamba2-verify-prep", "nvfp4-read/fp16-sr"), ("emulate-gdn-prep", "replay-fp32"),
+    ("gdn-prep", "nvfp4-read/fp16-sr"), ("mamba2-prep", "nvfp4-read/fp16-sr"),
     ("read-bandwidth-step", "fp32")])
 def test_every_target_names_every_kernel_argument(name, preset):
     """A target's signature + constexprs cover every argument of its kernel that has no

@@ -274,14 +274,31 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_xr="i64", s_dtr="i64", s_Br="i64")
         sig.update(_sig("cur_ptr bc_ptr lut_ptr", types, "*fp32"))
         sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
+        sig.update(mm_ptr="*fp16", ms_ptr="*fp32")
+        mma = nvfp4_decode == "mma" and src == FMT_CODES["nvfp4"]
+        if mma and one_launch:
+            raise SystemExit("--nvfp4-decode mma reads the ring-products launch's pieces: "
+                             "not with --one-launch")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), SRC_FMT=src,
                       HAS_D=True, BP=block, LUT=False,
                       E4M3=nvfp4_decode == "e4m3" and src == FMT_CODES["nvfp4"],
                       WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
                       TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, PDL=pdl and not one_launch,
-                      FLUSH_PDL=pdl and not one_launch, EARLY=False, FR=0, FR_DOT=False, **one)
+                      FLUSH_PDL=pdl and not one_launch, EARLY=False, FR=0, FR_DOT=False,
+                      MMA=mma, **one)
         return km._mamba2_nonflush_kernel, sig, consts
+    if name == "mamba2-prep":  # Nemotron-3-Super's Mamba-2 layer: the ring products
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; mamba2-prep needs a ReplaySSM preset")
+        types = {"B_ptr": "*bf16", "C_ptr": "*bf16", "slots_ptr": "*i32", "Br_ptr": "*bf16",
+                 "cur_ptr": "*i32", "fi_ptr": "*i32", "list_ptr": "*i32", "mm_ptr": "*fp16"}
+        sig = _sig("B_ptr C_ptr slots_ptr Br_ptr", types, "*fp32")
+        sig.update(s_Br="i64", **_sig("cur_ptr fi_ptr bc_ptr list_ptr", types, "*fp32"))
+        sig.update(nrows="i32", **_sig("mm_ptr ms_ptr", types, "*fp32"))
+        consts = dict(G=8, N=128, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), RB=256, PDL=pdl,
+                      PG=block, MMA=nvfp4_decode == "mma")
+        return km._mamba2_prep_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-nonflush needs a ReplaySSM preset")
@@ -297,13 +314,32 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(s_kr="i64", s_ur="i64", s_gr="i64", s_vr="i64", s_br="i64")
         sig.update(_sig("cur_ptr kd_ptr lut_ptr", types, "*fp32"))
         sig.update(fi_ptr="*i32", list_ptr="*i32", nrows="i32", **_step_state_sig(ck, rd))
+        sig.update(mm_ptr="*fp16", ms_ptr="*fp32")
+        mma = nvfp4_decode == "mma" and src == FMT_CODES["nvfp4"]
+        if mma and one_launch:
+            raise SystemExit("--nvfp4-decode mma reads the ring-products launch's pieces: "
+                             "not with --one-launch")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       SRC_FMT=src, RECOMPUTE=cfg.recompute_u, BV=block, LUT=False,
                       TILE_FIRST=False, FUSED_PREP=one_launch, PDL=pdl and not one_launch,
                       FLUSH_PDL=pdl and not one_launch, EARLY=False,
                       WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
-                      FR=0, FR_DOT=False, **one)
+                      FR=0, FR_DOT=False, MMA=mma, **one)
         return kg._gdn_nonflush_kernel, sig, consts
+    if name == "gdn-prep":  # Qwen3.5-4B's GDN layer: the ring products (one key head each)
+        if cfg.L == 1:
+            raise SystemExit(f"{preset} is conventional; gdn-prep needs a ReplaySSM preset")
+        types = dict(act, slots_ptr="*i32", cur_ptr="*i32", fi_ptr="*i32", list_ptr="*i32",
+                     kr_ptr="*bf16", mm_ptr="*fp16")
+        sig = _sig("q_ptr k_ptr slots_ptr kr_ptr gr_ptr br_ptr", types, "*fp32")
+        sig.update(s_kr="i64", s_gr="i64", s_br="i64")
+        sig.update(_sig("cur_ptr fi_ptr kd_ptr ti_ptr list_ptr", types, "*fp32"))
+        sig.update(nrows="i32", **_sig("mm_ptr ms_ptr", types, "*fp32"))
+        LB = max(16, cfg.L)
+        consts = dict(HV=HV, HK=HK, K=K, L=cfg.L, CAP=cfg.L, LB=LB, LOG_LB=LB.bit_length() - 1,
+                      RB=256, UT=False, FOLD_PREC="ieee", PDL=pdl, PK=block,
+                      MMA=nvfp4_decode == "mma")
+        return kg._gdn_prep_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-flush needs a ReplaySSM preset")
@@ -375,6 +411,8 @@ def summarize(sass: str) -> dict:
                 "grid_waits": ops["ACQBULK"], "grid_releases": ops["PREEXIT"],
                 # prefetch.global.L2 (``prefetch_l2``)
                 "l2_prefetches": sum("CCTL" in ln and ".PF2" in ln for ln in ls),
+                # tensor-core instructions (mma.sync, wgmma)
+                "tensor_ops": ops["HMMA"] + ops["HGMMA"],
                 "top_ops": dict(ops.most_common(8))}
 
     out = {"kernel": counts(lines)}
@@ -527,10 +565,12 @@ def main() -> None:
                                        "gdn-verify-prep", "mamba2-verify-prep", "mamba2-verify",
                                        "mamba2-flush", "mamba2-nonflush",
                                        "gdn-nonflush", "gdn-flush", "gdn-conv", "mamba2-conv",
+                                       "gdn-prep", "mamba2-prep",
                                        "read-bandwidth-step"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
-                    help="state rows per program (value rows for GDN, head-dim rows for Mamba-2)")
+                    help="state rows per program (value rows for GDN, head-dim rows for Mamba-2; "
+                         "gdn-prep / mamba2-prep: key heads / groups per program)")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--chunk", type=int, default=32,
                     help="gdn-verify / mamba2-verify: state columns per product")
@@ -539,8 +579,11 @@ def main() -> None:
                          "flush targets: the fold's flush_precision (default ieee)")
     ap.add_argument("--fold", choices=["dot", "records"], default="dot",
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")
-    ap.add_argument("--nvfp4-decode", choices=list(km.NVFP4_DECODES), default="e4m3",
-                    help="mamba2-nonflush: how an NVFP4 source is decoded (the step's nvfp4_decode)")
+    ap.add_argument("--nvfp4-decode", choices=sorted({*km.NVFP4_DECODES, *kg.GDN_NVFP4_DECODES}),
+                    default="e4m3",
+                    help="mamba2-nonflush / gdn-nonflush: how an NVFP4 source is decoded (the "
+                         "step's nvfp4_decode; GDN takes 'mma', else its words); gdn-prep / "
+                         "mamba2-prep: 'mma' also writes the vectors' pieces for it")
     ap.add_argument("--fp8-decode", choices=list(km.FP8_DECODES), default="cvt",
                     help="non-flush targets: how an fp8 source is decoded (the step's fp8_decode)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")

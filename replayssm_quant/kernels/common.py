@@ -886,6 +886,97 @@ def e2m1_word_nibble(pos):
     return 2 * (pos % 4) + pos // 4
 
 
+# Columns of the vector-pieces matrix an NVFP4 tensor-core product reads (``nvfp4_mma_dot``):
+# tl.dot's smallest N. Vector a's three fp16 pieces are columns 0-2, vector b's 3-5.
+MMA_COLS: tl.constexpr = tl.constexpr(16)
+
+
+@triton.jit
+def mma_vector_pieces(v_ptr, out_ptr, scale_ptr, COL0: tl.constexpr, N: tl.constexpr,
+                      ZERO_REST: tl.constexpr = False):
+    """Store vector ``v`` (N entries) as three fp16 pieces in columns COL0 .. COL0 + 2 of an
+    (N, MMA_COLS) fp16 matrix at ``out_ptr`` (with ZERO_REST, zeros in every column after
+    them, so the product loads whole rows), row f holding entry
+    ``8 (f // 8) + e2m1_word_nibble(f % 8)`` (the order ``e2m1_words_fp16`` decodes a row's
+    words in), and at ``scale_ptr`` the factor that undoes the prescale and the decode's 2^-6.
+
+    Why: a row's NVFP4 codes times their block scale are exact in fp16, so a tensor-core
+    product of the decoded tile with these pieces forms every state row's dot product with
+    ``v`` at once, with exact products and fp32 accumulation, where the fp32 path spends a
+    conversion and an FMA per element. A power of two brings max |v| (finite entries) into
+    [2^14, 2^15); the pieces are fp16 roundings of what the earlier ones leave. Three hold an
+    fp32 entry exactly from 2^-16 of the largest entry up (a bf16 entry from 2^-32), and
+    any smaller one to within 2^-39 of the largest (fp16's smallest step), which moves a dot
+    product far less than its fp32 rounding does. A non-finite entry keeps its value in the
+    first piece and zeros in the others, so the products carry inf / NaN as the fp32 dot
+    product does."""
+    f = tl.arange(0, N)
+    v = tl.load(v_ptr + (f // 8) * 8 + e2m1_word_nibble(f % 8)).to(tl.float32)
+    e = (tl.max(finite_abs(v), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    se = tl.minimum(tl.maximum(268 - e, 1), 253)  # 2^(se - 127) max |v| in [2^14, 2^15)
+    x = v * (se << 23).to(tl.float32, bitcast=True)
+    p0 = x.to(tl.float16)
+    r1 = tl.where(tl.abs(x) < float("inf"), x - p0.to(tl.float32), 0.0)
+    p1 = r1.to(tl.float16)
+    p2 = (r1 - p1.to(tl.float32)).to(tl.float16)
+    row = out_ptr + f * MMA_COLS + COL0
+    tl.store(row, p0)
+    tl.store(row + 1, p1)
+    tl.store(row + 2, p2)
+    if ZERO_REST:
+        col = tl.arange(0, MMA_COLS)
+        tl.store(out_ptr + f[:, None] * MMA_COLS + col[None, :],
+                 tl.zeros((N, MMA_COLS), dtype=tl.float16), mask=(col >= COL0 + 3)[None, :])
+    tl.store(scale_ptr, ((254 - se) << 23).to(tl.float32, bitcast=True) * 64.0)
+
+
+@triton.jit
+def nvfp4_mma_operand(base, bscale_base, rows, mask_r, BR: tl.constexpr, N: tl.constexpr):
+    """BR stored NVFP4 rows as the fp16 (BR, N) operand of ``nvfp4_mma_dot``: each row's
+    int32 words decoded through E4M3 bytes (``e2m1_words_fp16``: E2M1 value times 2^-6, in
+    its nibble order) times the block's E4M3 scale, a product exact in fp16 (at most six
+    significant bits, from 2^-16 up to 42). A NaN block scale makes its block NaN."""
+    NB: tl.constexpr = N // 16
+    WN: tl.constexpr = N // 8
+    wi = tl.arange(0, WN)
+    w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
+                mask=mask_r[:, None], other=0, eviction_policy=STREAM)
+    w2 = tl.join(w, w)
+    v = e2m1_words_fp16(tl.reshape(tl.join(tl.join(w2, w2), tl.join(w2, w2)), (BR, N)))
+    blk = tl.arange(0, NB)
+    bs = tl.load(bscale_base + rows[:, None] * NB + blk[None, :], mask=mask_r[:, None],
+                 other=0.0)
+    if _PTX:  # fp8 -> fp16 in one conversion per pair, NaN kept
+        bs = bs.to(tl.float16)
+    else:
+        bs = fp8_value(bs).to(tl.float16)
+    return tl.reshape(tl.reshape(v, (BR, NB, 16)) * bs[:, :, None], (BR, N))
+
+
+@triton.jit
+def nvfp4_mma_dot(a, rscale_base, rows, mask_r, pieces_ptr, scales_ptr, N: tl.constexpr,
+                  TWO: tl.constexpr):
+    """(S @ va, S @ vb) of the rows ``nvfp4_mma_operand`` decoded into ``a``, on tensor cores:
+    ``a`` times the (N, MMA_COLS) pieces matrix of the vectors (``mma_vector_pieces``; vb's
+    only when TWO, else ``yb`` is ``ya``), each vector's columns summed, times its factor
+    from ``scales_ptr`` and the row scale."""
+    col = tl.arange(0, MMA_COLS)
+    f = tl.arange(0, N)
+    B = tl.load(pieces_ptr + f[:, None] * MMA_COLS + col[None, :])
+    if _BF16_MMA:
+        acc = tl.dot(a, B)
+    else:  # the interpreter: the same exact products, accumulated in fp32
+        acc = tl.dot(a.to(tl.float32), B.to(tl.float32), input_precision="ieee")
+    rs = tl.load(rscale_base + rows, mask=mask_r, other=0.0)
+    ya = tl.sum(tl.where((col < 3)[None, :], acc, 0.0), axis=1) * (tl.load(scales_ptr) * rs)
+    if TWO:
+        yb = tl.sum(tl.where((col >= 3)[None, :], acc, 0.0), axis=1) * (
+            tl.load(scales_ptr + 1) * rs)
+    else:
+        yb = ya
+    return ya, yb
+
+
 @triton.jit
 def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_ptr,
              FMT: tl.constexpr, BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,

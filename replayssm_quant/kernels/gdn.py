@@ -26,6 +26,9 @@ from .common import (
     log_decay_segments,
     log_decay_suffixes,
     lut_table,
+    mma_vector_pieces,
+    nvfp4_mma_dot,
+    nvfp4_mma_operand,
     prefetch_records,
     register_cap,
     release_dependents,
@@ -183,6 +186,16 @@ def _key_products_of(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK: tl.
     tl.store(out + 2 * LB, tl.sum(k * q, axis=1))
 
 
+@triton.jit
+def _mma_key_pieces(q_ptr, k_ptr, mm_ptr, ms_ptr, b, hk, HK: tl.constexpr, K: tl.constexpr):
+    """k's and q's fp16 pieces for the NVFP4 tensor-core products of key head hk of row b
+    (``mma_vector_pieces``): k in columns 0-2, q in 3-5, zeros after, their factors at
+    ``ms_ptr``."""
+    row = b * HK + hk
+    mma_vector_pieces(k_ptr + row * K, mm_ptr + row * (K * 16), ms_ptr + 2 * row, 0, K)
+    mma_vector_pieces(q_ptr + row * K, mm_ptr + row * (K * 16), ms_ptr + 2 * row + 1, 3, K, True)
+
+
 WHOLE_ROW_PREP_MIN_BATCH = 256
 
 
@@ -207,10 +220,11 @@ def gdn_prep_groups_default(cfg, batch: int, key_heads: int) -> int:
 @triton.jit(do_not_specialize=["nrows"])
 def _gdn_prep_kernel(
     q_ptr, k_ptr, slots_ptr, kr_ptr, gr_ptr, br_ptr, s_kr, s_gr, s_br, cur_ptr, fi_ptr, kd_ptr,
-    ti_ptr, list_ptr, nrows,
+    ti_ptr, list_ptr, nrows, mm_ptr, ms_ptr,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr,
     LB: tl.constexpr, LOG_LB: tl.constexpr, RB: tl.constexpr, UT: tl.constexpr,
     FOLD_PREC: tl.constexpr = "ieee", PDL: tl.constexpr = False, PK: tl.constexpr = 1,
+    MMA: tl.constexpr = False,
 ):
     """Per (row, key head, value head of the key head), once per step: ``k_j . k`` and
     ``k_j . q`` for the buffered keys and ``k . q`` (program r = 0; every value head of a key
@@ -223,7 +237,10 @@ def _gdn_prep_kernel(
     (the grid's third axis is 1 without UT). Without UT a program forms the products of PK
     key heads, loaded at once (``mamba2.prep_groups_default``). With PDL the non-flush launch
     may start at once (``release_dependents``): its ring records go to position c, these
-    products read the records before c."""
+    products read the records before c. With MMA the key-products program of a key head also
+    stores k's and q's fp16 pieces (``mma_vector_pieces``) for the non-flush step's NVFP4
+    tensor-core products (``nvfp4_decode="mma"``): (K, MMA_COLS) at ``mm_ptr`` and two
+    factors at ``ms_ptr`` per (row, key head)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     r = tl.program_id(2)
@@ -239,9 +256,14 @@ def _gdn_prep_kernel(
             tl.static_assert(not UT, "the UT transform takes one key head per program")
             _key_products_of(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk * PK + tl.arange(0, PK),
                              slot, c, HK, K, CAP, LB)
+            if MMA:
+                for i in tl.static_range(PK):
+                    _mma_key_pieces(q_ptr, k_ptr, mm_ptr, ms_ptr, b, hk * PK + i, HK, K)
         elif r == 0:
             _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, hk, slot, c, HK, K, CAP, LB,
                           True)
+            if MMA:
+                _mma_key_pieces(q_ptr, k_ptr, mm_ptr, ms_ptr, b, hk, HK, K)
         if UT:
             if c == L - 1:
                 mj = j < c
@@ -265,11 +287,15 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
                           HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
                           CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
                           BV: tl.constexpr, LUT: tl.constexpr, FUSED_PREP: tl.constexpr,
-                          PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False):
+                          PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False,
+                          mm_ptr=None, ms_ptr=None, MMA: tl.constexpr = False):
     """A non-flush program's ``(o, u, v)`` for value rows ``vt``: S k and S q from the read
     source in one pass, the key products (formed here with FUSED_PREP, else read from the
     ring-products launch after ``wait_prior_grid``) and the ring's u's; ECAP as
-    ``ring_records``'s CAP, WORDS8 as ``rows_dot``'s. With an fp8 source the u lines are
+    ``ring_records``'s CAP, WORDS8 as ``rows_dot``'s. With MMA (an NVFP4 source, the
+    ring-products launch writing k's and q's pieces) S k and S q come from one tensor-core
+    product of the decoded rows (``nvfp4_mma_dot``), formed once the codes are loaded and
+    decoded and the ring-products launch is done. With an fp8 source the u lines are
     asked of L2 before the state's loads (``prefetch_records``): the step ran 0.9-2.6%
     faster at batch 256 / 512 on the H200 (fp8-read/fp32, shared-fp8), while with an fp32 or
     NVFP4 source the prefetch measured 1-4% slower and loading the records themselves first
@@ -289,9 +315,20 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
     if SRC_FMT == 3:  # an fp8 source: the ring's u lines of these rows asked of L2 first
         prefetch_records(ur_ptr + slot * s_ur + (h * CAP + j) * V + vt * BV,
                          j < CAP if ECAP > 0 else mj, V - vt * BV, BV)
-    sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                      src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
-                      lut_ptr, SRC_FMT, BV, K, True, LUT, WORDS8=WORDS8)
+    if MMA:
+        tl.static_assert(SRC_FMT == 4 and not FUSED_PREP,
+                         "the tensor-core products read an NVFP4 source and the pieces the "
+                         "ring-products launch writes")
+        a = nvfp4_mma_operand(src_ptr + slot * s_src, src_bs_ptr + slot * s_srcbs, h * V + vv,
+                              mv, BV, K)
+        wait_prior_grid(PDL)  # the pieces come from the ring-products launch
+        sk, sq = nvfp4_mma_dot(a, src_rs_ptr + slot * s_srcrs, h * V + vv, mv,
+                               mm_ptr + (b * HK + hk) * (K * 16), ms_ptr + 2 * (b * HK + hk),
+                               K, True)
+    else:
+        sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                          src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,
+                          lut_ptr, SRC_FMT, BV, K, True, LUT, WORDS8=WORDS8)
     gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
     beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
     _, after, total, _ = log_decay_suffixes(gr_ptr + slot * s_gr + h * CAP, c, gt, LB, ECAP)
@@ -323,6 +360,7 @@ def _gdn_nonflush_kernel(
     cur_ptr, kd_ptr, lut_ptr, fi_ptr, list_ptr, nrows,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs, nan_ptr, seed, layer, ticket_ptr,
+    mm_ptr, ms_ptr,
     HV: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, RECOMPUTE: tl.constexpr, BV: tl.constexpr, LUT: tl.constexpr,
@@ -330,7 +368,7 @@ def _gdn_nonflush_kernel(
     ONE_LAUNCH: tl.constexpr = False, ADVANCE: tl.constexpr = False, CK_FMT: tl.constexpr = 0,
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, PDL: tl.constexpr = False,
     FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, WORDS8: tl.constexpr = False,
-    FR: tl.constexpr = 0, FR_DOT: tl.constexpr = False,
+    FR: tl.constexpr = 0, FR_DOT: tl.constexpr = False, MMA: tl.constexpr = False,
 ):
     """Non-flush step per (row, value head, BV value rows): u_t and o_t from the read source (S
     k and S q in one pass) + the ring, then append the record. Flushing rows exit at once: the
@@ -345,7 +383,8 @@ def _gdn_nonflush_kernel(
     kernel: the output's loads are issued before the cursor arrives. WORDS8 decodes an fp8
     read source from int32 words (``rows_dot``). FR > 0 has a one-launch program flush its
     rows in passes of FR rows, as in the Mamba-2 kernel (FR_DOT: each pass's records folded
-    as one bf16x3 product; no u recompute)."""
+    as one bf16x3 product; no u recompute). MMA forms an NVFP4 source's S k and S q on
+    tensor cores from the pieces at ``mm_ptr`` / ``ms_ptr`` (``_gdn_nonflush_outputs``)."""
     RATIO: tl.constexpr = HV // HK
     b, h, vt = row_head_tile(TILE_FIRST)
     if FUSED_PREP and not ONE_LAUNCH:
@@ -360,7 +399,7 @@ def _gdn_nonflush_kernel(
                 b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                 src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr, ur_ptr,
                 gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr, HV, HK, V, K, CAP, LB, SRC_FMT, BV,
-                LUT, FUSED_PREP, PDL, CAP, WORDS8)
+                LUT, FUSED_PREP, PDL, CAP, WORDS8, mm_ptr, ms_ptr, MMA)
         if FUSED_PREP and not ONE_LAUNCH:
             if (c == L - 1) & (vt == 0) & (h % RATIO == 0):
                 _key_products(q_ptr, k_ptr, kr_ptr, s_kr, kd_ptr, b, h // RATIO, slot, c,
@@ -375,7 +414,7 @@ def _gdn_nonflush_kernel(
                     b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs, kr_ptr, ur_ptr,
                     gr_ptr, s_kr, s_ur, s_gr, kd_ptr, lut_ptr, HV, HK, V, K, CAP, LB, SRC_FMT,
-                    BV, LUT, FUSED_PREP, PDL, 0, WORDS8)
+                    BV, LUT, FUSED_PREP, PDL, 0, WORDS8, mm_ptr, ms_ptr, MMA)
             gt = tl.load(g_ptr + b * HV + h).to(tl.float32)
             beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
             tl.store(o_ptr + (b * HV + h) * V + vv, o, mask=mv)
@@ -677,6 +716,34 @@ def gdn_flush_stages(precision: str, records: bool, cfg=None, tma: bool = False)
     return 2 if tma or (cfg is not None and cfg.ckpt.name.startswith("fp8")) else 3
 
 
+GDN_NVFP4_DECODES = ("words", "lut", "mma")
+
+
+def gdn_nvfp4_decode_of(mode: str | None, lut: bool) -> str:
+    """How a GDN non-flush step decodes an NVFP4 source (the plan's ``decode``):
+
+    - ``"words"`` (default): three integer operations per element into fp32 bit patterns
+      (``common.e2m1_word_scaled``), two FMAs per element for S k and S q;
+    - ``"lut"`` (also ``lut=True``): each nibble's value from a 16-entry table;
+    - ``"mma"``: the codes through E4M3 bytes into fp16 times their block scale (exact), and
+      S k and S q as one tensor-core product with k's and q's fp16 pieces, which the
+      ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
+      Compiled for sm_90 (Triton 3.6), Qwen3.5-4B's 64-row program takes 1592 instructions
+      instead of 2248 (6.2 per element against the 9.6 that 85% of copy bandwidth leaves)
+      and 124 registers instead of 96 (16 programs per SM instead of 20;
+      ``tools/sass_stats.py gdn-nonflush --nvfp4-decode mma --budget``). Not yet timed on
+      the H200, so not a default."""
+    if lut:
+        if mode not in (None, "lut"):
+            raise ValueError(f"lut=True decodes NVFP4 through a table; nvfp4_decode={mode!r} "
+                             "asks for another decode")
+        return "lut"
+    mode = mode or "words"
+    if mode not in GDN_NVFP4_DECODES:
+        raise ValueError(f"nvfp4_decode must be one of {GDN_NVFP4_DECODES}, got {mode!r}")
+    return mode
+
+
 def gdn_fp8_decode_default(batch: int) -> str:
     """``fp8_decode`` of a GDN step that reads an fp8 source: ``"words"`` at batch 1 and from
     batch 256, ``"cvt"`` between. Measured on the H200 (reports/kernels/tune_r220_b1_*.log,
@@ -800,7 +867,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     ``gdn_nonflush_maxnreg_default``), ``flush_maxnreg`` (default
     ``gdn_flush_maxnreg_default``; None: no cap), ``one_launch``,
     ``pdl``, ``early_loads``, ``prep_groups`` (key heads per ring-products program),
-    ``fp8_decode`` (default ``gdn_fp8_decode_default``) and ``flush_tma`` as for Mamba-2,
+    ``fp8_decode`` (default ``gdn_fp8_decode_default``), ``nvfp4_decode``
+    (``gdn_nvfp4_decode_of``) and ``flush_tma`` as for Mamba-2,
     except that ``early_loads`` is off by default: at batch 1 it added 1.1-3.2 us to the
     NVFP4 / fp8 flush steps for 0.2-0.4 us off the non-flush ones
     (reports/kernels/tune_r111_early_b1.log), and with every state from HBM it slowed
@@ -840,19 +908,23 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     fl = plan.flush
     ut = fl is not None and fl.ut  # the flush solves the window with (I + M)^-T
     ti = torch.empty(Bsz * HV * LB * LB if ut else 1, device=q.device, dtype=torch.float32)
+    mma = plan.decode == "mma" and cache.capacity > 0
+    # k's and q's fp16 pieces for the tensor-core products (nvfp4_decode="mma")
+    mm = torch.empty(Bsz * HK * K * 16 if mma else 1, device=q.device, dtype=torch.float16)
+    ms = torch.empty(Bsz * HK * 2 if mma else 1, device=q.device, dtype=torch.float32)
     if plan.prep_grid is not None:
         _gdn_prep_kernel[plan.prep_grid](
             q, k, slots, kr, gr, br, slot_stride(kr), slot_stride(gr), slot_stride(br),
-            cache.cursor, cache.flush_index, kd, ti, work, Bsz, HV=HV, HK=HK, K=K, L=cfg.L,
-            CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
+            cache.cursor, cache.flush_index, kd, ti, work, Bsz, mm, ms, HV=HV, HK=HK, K=K,
+            L=cfg.L, CAP=cache.capacity, LB=LB, LOG_LB=LB.bit_length() - 1, RB=256, UT=ut,
             FOLD_PREC="ieee" if fl.precision == "bf16x3" else fl.precision,
-            PDL=plan.prep_pdl, PK=plan.prep_groups, num_warps=4)
+            PDL=plan.prep_pdl, PK=plan.prep_groups, MMA=mma, num_warps=4)
     fl_pdl = fl is not None and fl.pdl
     src = rd if cache.read is not None else ck
     _gdn_nonflush_kernel[plan.grid](
         q, k, v, g, beta, slots, o, *src, *ring, cache.cursor, kd,
         lut_table(plan.lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
-        cache.seed, cache.layer, cache.ticket, HV=HV, HK=HK, V=V, K=K,
+        cache.seed, cache.layer, cache.ticket, mm, ms, HV=HV, HK=HK, V=V, K=K,
         L=cfg.L, CAP=cache.capacity, LB=LB,
         SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=plan.rows,
         LUT=plan.lut,
@@ -860,7 +932,7 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
         ADVANCE=plan.ticket, CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         PDL=plan.step_pdl, FLUSH_PDL=fl_pdl, EARLY=plan.early_loads,
         WORDS8=plan.decode == "words8", launch_pdl=plan.step_pdl,
-        FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot",
+        FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot", MMA=mma,
         num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
         launch_persistent(
@@ -892,7 +964,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                   one_launch: bool | None = None, pdl: bool | str | None = None,
                   early_loads: bool = False, prep_groups: int | None = None,
                   flush_tma: bool | None = None, fp8_decode: str | None = None,
-                  step_flush_rows: int | None = None,
+                  nvfp4_decode: str | None = None, step_flush_rows: int | None = None,
                   step_flush_fold: str | None = None) -> StepPlan:
     """The launches of ``gdn_decode_step`` for HV value heads of V rows x K key columns and
     HK key heads, ring capacity ``capacity`` (0: conventional), ``batch`` rows on
@@ -905,7 +977,8 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     fmaxnreg = None if flush_maxnreg is _DEFAULT else flush_maxnreg
     register_cap(fmaxnreg)
     src = cfg.read or cfg.ckpt
-    decode = (("lut" if lut else "words") if src.name == "nvfp4" else
+    nvfp4 = gdn_nvfp4_decode_of(nvfp4_decode, lut)  # checked whatever the source
+    decode = (nvfp4 if src.name == "nvfp4" else
               fp8_decode_of(fp8_decode, src.name, capacity, gdn_fp8_decode_default(batch)))
     flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
                    flush_precision, fmaxnreg, flush_tma or None)
@@ -943,6 +1016,10 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     _check_ut_tile(ut, fprec, BVF, FW)
     # the UT transform needs its own launch; otherwise small batches fold it away
     fp = ol or (not ut and (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
+    if decode == "mma" and capacity and fp:
+        raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of k and q that the "
+                         "ring-products launch writes: it needs a step with that launch "
+                         "(fuse_prep=False and one_launch=False, the defaults from batch 5)")
     if maxnreg is _DEFAULT:
         base["maxnreg"] = gdn_nonflush_maxnreg_default(decode, BV, base["warps"], kb, kw, fp)
     pk = None if fp else (1 if ut else prep_groups or gdn_prep_groups_default(cfg, batch, HK))

@@ -29,6 +29,9 @@ from .common import (
     load_rows,
     log_decay_suffixes,
     lut_table,
+    mma_vector_pieces,
+    nvfp4_mma_dot,
+    nvfp4_mma_operand,
     pow2_prescale_of,
     register_cap,
     release_dependents,
@@ -183,8 +186,9 @@ def finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi_next, L: tl.constexpr,
 @triton.jit(do_not_specialize=["nrows"])
 def _mamba2_prep_kernel(
     B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, fi_ptr, bc_ptr, list_ptr, nrows,
+    mm_ptr, ms_ptr,
     G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
-    RB: tl.constexpr, PDL: tl.constexpr = False, PG: tl.constexpr = 1,
+    RB: tl.constexpr, PDL: tl.constexpr = False, PG: tl.constexpr = 1, MMA: tl.constexpr = False,
 ):
     """Per (row, PG groups), once per step: ``B_j . C`` for the buffered records, ``B . C`` for
     the current token and C's NVFP4-decode prescales (``pow2_prescale``): every head of a
@@ -192,7 +196,10 @@ def _mamba2_prep_kernel(
     reduction over C; program (0, 0) also builds the flush list. A program's PG groups are
     loaded at once (``prep_groups_default``). With PDL the non-flush launch may start at once
     (``release_dependents``): it writes nothing this launch reads (its ring record goes to
-    position c, these products read the records before c)."""
+    position c, these products read the records before c). With MMA it also stores C's fp16
+    pieces (``mma_vector_pieces``) for the non-flush step's NVFP4 tensor-core product
+    (``nvfp4_decode="mma"``): (N, MMA_COLS) at ``mm_ptr`` and a factor at ``ms_ptr`` per
+    (row, group)."""
     b = tl.program_id(0)
     g = tl.program_id(1) * PG + tl.arange(0, PG)
     release_dependents(PDL)
@@ -214,6 +221,11 @@ def _mamba2_prep_kernel(
         sc, cc = pow2_prescale_of(Cv)
         tl.store(out + LB + 1, sc)
         tl.store(out + LB + 2, cc)
+        if MMA:
+            for i in tl.static_range(PG):
+                row = b * G + tl.program_id(1) * PG + i
+                mma_vector_pieces(C_ptr + row * N, mm_ptr + row * (N * 16), ms_ptr + row, 0, N,
+                                  True)
 
 
 PREP_ONE_WAVE = 2048
@@ -251,17 +263,31 @@ def _nonflush_y(p, mp, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
                 CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
                 HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
                 PRESCALED: tl.constexpr, E4M3: tl.constexpr, LOAD_BC: tl.constexpr,
-                PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False):
+                PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False,
+                mm_ptr=None, ms_ptr=None, MMA: tl.constexpr = False):
     """The non-flush output y of head-dim rows ``p`` (BP of them, ``mp`` valid) from the read
     source and the ring, and this token's x (the record to append). With LOAD_BC the ring
     products ``bc``, ``bcc`` (and with PRESCALED the NVFP4 prescales) come from the
     ring-products launch's row ``bc_row``; with PDL that launch may still be running, so the
     state product is formed first and the products are read after ``wait_prior_grid``.
-    ECAP as ``ring_records``'s CAP, WORDS8 as ``rows_dot``'s."""
-    sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
-                     src_bs_ptr + slot * s_srcbs, h * P + p, mp,
-                     C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT,
-                     bc_row + LB + 1, PRESCALED, E4M3, WORDS8)
+    ECAP as ``ring_records``'s CAP, WORDS8 as ``rows_dot``'s. With MMA (an NVFP4 source, the
+    ring-products launch writing C's pieces) the state product is one tensor-core product of
+    the decoded rows (``nvfp4_mma_dot``), formed once the codes are decoded and that launch
+    is done."""
+    if MMA:
+        tl.static_assert(SRC_FMT == 4 and LOAD_BC,
+                         "the tensor-core product reads an NVFP4 source and the pieces the "
+                         "ring-products launch writes")
+        a = nvfp4_mma_operand(src_ptr + slot * s_src, src_bs_ptr + slot * s_srcbs, h * P + p,
+                              mp, BP, N)
+        wait_prior_grid(PDL)  # the pieces come from the ring-products launch
+        sc, _ = nvfp4_mma_dot(a, src_rs_ptr + slot * s_srcrs, h * P + p, mp,
+                              mm_ptr + (b * G + g) * (N * 16), ms_ptr + b * G + g, N, False)
+    else:
+        sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                         src_bs_ptr + slot * s_srcbs, h * P + p, mp,
+                         C_ptr + (b * G + g) * N, C_ptr, lut_ptr, SRC_FMT, BP, N, False, LUT,
+                         bc_row + LB + 1, PRESCALED, E4M3, WORDS8)
     x = tl.load(x_ptr + (b * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
     xr = ring_records(xr_ptr + slot * s_xr + (h * CAP + j[:, None]) * P + p[None, :],
                       mj[:, None] & mp[None, :], (j < CAP)[:, None] & mp[None, :],
@@ -285,7 +311,8 @@ def _nonflush_outputs(b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, 
                       CAP: tl.constexpr, LB: tl.constexpr, SRC_FMT: tl.constexpr,
                       HAS_D: tl.constexpr, BP: tl.constexpr, BP2: tl.constexpr,
                       LUT: tl.constexpr, FUSED_PREP: tl.constexpr, E4M3: tl.constexpr,
-                      PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False):
+                      PDL: tl.constexpr, ECAP: tl.constexpr, WORDS8: tl.constexpr = False,
+                      mm_ptr=None, ms_ptr=None, MMA: tl.constexpr = False):
     """A non-flush program's outputs and records, ``(y, x)`` of rows ``[pt BP, pt BP + BP)``
     and, with BP2 > 0, of the whole head's second pass ``[BP, BP + BP2)`` (else the first
     pass again): ring weights, the group's ring products (formed here with FUSED_PREP, else
@@ -318,14 +345,15 @@ def _nonflush_outputs(b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, 
     y, x = _nonflush_y(p, mp, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
                        x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs,
                        s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row, H, P, N, G, CAP, LB, SRC_FMT,
-                       HAS_D, BP, LUT, PRESCALED, E4M3, not FUSED_PREP, PDL, ECAP, WORDS8)
+                       HAS_D, BP, LUT, PRESCALED, E4M3, not FUSED_PREP, PDL, ECAP, WORDS8,
+                       mm_ptr, ms_ptr, MMA)
     if BP2 > 0:
         p2 = BP + tl.arange(0, BP2)
         y2, x2 = _nonflush_y(p2, p2 < P, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
                              x_ptr, D_ptr, C_ptr, src_ptr, src_rs_ptr, src_bs_ptr, s_src,
                              s_srcrs, s_srcbs, xr_ptr, s_xr, lut_ptr, bc_row, H, P, N, G, CAP,
                              LB, SRC_FMT, HAS_D, BP2, LUT, PRESCALED, E4M3, not FUSED_PREP,
-                             PDL, ECAP, WORDS8)
+                             PDL, ECAP, WORDS8, mm_ptr, ms_ptr, MMA)
     else:
         y2, x2 = y, x
     return y, x, y2, x2
@@ -349,6 +377,7 @@ def _mamba2_nonflush_kernel(
     fi_ptr, list_ptr, nrows,
     ck_ptr, ck_rs_ptr, ck_bs_ptr, s_ck, s_ckrs, s_ckbs,
     rd_ptr, rd_rs_ptr, rd_bs_ptr, s_rd, s_rdrs, s_rdbs, nan_ptr, seed, layer, ticket_ptr,
+    mm_ptr, ms_ptr,
     H: tl.constexpr, P: tl.constexpr, N: tl.constexpr, G: tl.constexpr,
     L: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr,
     SRC_FMT: tl.constexpr, HAS_D: tl.constexpr, BP: tl.constexpr, LUT: tl.constexpr,
@@ -357,6 +386,7 @@ def _mamba2_nonflush_kernel(
     RD_FMT: tl.constexpr = 0, SR: tl.constexpr = False, E4M3: tl.constexpr = False,
     PDL: tl.constexpr = False, FLUSH_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
     WORDS8: tl.constexpr = False, FR: tl.constexpr = 0, FR_DOT: tl.constexpr = False,
+    MMA: tl.constexpr = False,
 ):
     """Non-flush step per (row, head, BP head-dim rows): y from the read source (never a
     dequantized tile for NVFP4) + the ring, then append the record. Flushing rows exit at once:
@@ -382,7 +412,8 @@ def _mamba2_nonflush_kernel(
     launch alone. FR > 0 has a one-launch program flush its rows in passes of FR rows (a loop,
     so the flush holds no more registers than one pass needs), each pass folding its records
     as one bf16x3 product with FR_DOT (FR >= 16, a bf16 ring), else one by one. WORDS8
-    decodes an fp8 read source from int32 words (``rows_dot``)."""
+    decodes an fp8 read source from int32 words (``rows_dot``). MMA forms an NVFP4 source's
+    state product on tensor cores from the pieces at ``mm_ptr`` / ``ms_ptr`` (``_nonflush_y``)."""
     b, h, pt = row_head_tile(TILE_FIRST)
     if FUSED_PREP and not ONE_LAUNCH:
         if (b == 0) & (h == 0) & (pt == 0):
@@ -398,7 +429,8 @@ def _mamba2_nonflush_kernel(
                 b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
                 src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
                 xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G, CAP,
-                LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, CAP, WORDS8)
+                LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, CAP, WORDS8,
+                mm_ptr, ms_ptr, MMA)
         if c != L - 1:
             release_dependents(FLUSH_PDL)  # programs of flushing rows end without it
             if not EARLY:
@@ -406,7 +438,8 @@ def _mamba2_nonflush_kernel(
                     b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, C_ptr,
                     src_ptr, src_rs_ptr, src_bs_ptr, s_src, s_srcrs, s_srcbs,
                     xr_ptr, dtr_ptr, Br_ptr, s_xr, s_dtr, s_Br, bc_ptr, lut_ptr, H, P, N, G,
-                    CAP, LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, 0, WORDS8)
+                    CAP, LB, SRC_FMT, HAS_D, BP, BP2, LUT, FUSED_PREP, E4M3, PDL, 0, WORDS8,
+                    mm_ptr, ms_ptr, MMA)
             _nonflush_store(y, x, pt * BP + tl.arange(0, BP), b, h, slot, c, y_ptr, xr_ptr,
                             s_xr, H, P, CAP, (P % BP == 0) and (SRC_FMT == 4))
             if BP2 > 0:
@@ -700,18 +733,22 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     LB = max(16, triton.next_power_of_2(cache.capacity))
     bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
     work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
+    mma = plan.decode == "mma"
+    # C's fp16 pieces for the tensor-core product (nvfp4_decode="mma")
+    mm = torch.empty(Bsz * G * N * 16 if mma else 1, device=x.device, dtype=torch.float16)
+    ms = torch.empty(Bsz * G if mma else 1, device=x.device, dtype=torch.float32)
     if plan.prep_grid is not None:
         _mamba2_prep_kernel[plan.prep_grid](
             Bm, C, slots, Br, slot_stride(Br), cache.cursor, cache.flush_index, bc, work, Bsz,
-            G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256,
-            PDL=plan.prep_pdl, PG=plan.prep_groups, num_warps=4)
+            mm, ms, G=G, N=N, L=cfg.L, CAP=cache.capacity, LB=LB, RB=256,
+            PDL=plan.prep_pdl, PG=plan.prep_groups, MMA=mma, num_warps=4)
     fl = plan.flush
     fl_pdl = fl is not None and fl.pdl
     src = rd if cache.read is not None else ck
     _mamba2_nonflush_kernel[plan.grid](
         x, dt, A, Bm, d, C, slots, y, *src, xr, dtr, Br, slot_stride(xr), slot_stride(dtr),
         slot_stride(Br), cache.cursor, bc, lut_table(plan.lut, y), cache.flush_index, work, Bsz,
-        *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket,
+        *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket, mm, ms,
         H=H, P=P, N=N, G=G, L=cfg.L,
         CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
         BP=plan.rows, LUT=plan.lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
@@ -719,7 +756,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
         FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot",
         CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
         E4M3=plan.decode == "e4m3", WORDS8=plan.decode == "words8", PDL=plan.step_pdl,
-        FLUSH_PDL=fl_pdl,
+        FLUSH_PDL=fl_pdl, MMA=mma,
         EARLY=plan.early_loads, launch_pdl=plan.step_pdl,
         num_warps=plan.warps, **register_cap(plan.maxnreg))
     if fl is not None:
@@ -818,6 +855,10 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     # runs before it, and the step is two launches)
     fp = ((fuse_prep is None or fuse_prep) if ol else
           (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
+    if decode == "mma" and (fp or ol):
+        raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of C that the ring-products "
+                         "launch writes: it needs a step with that launch (fuse_prep=False and "
+                         "one_launch=False, the defaults from batch 5)")
     if maxnreg is _DEFAULT:
         base["maxnreg"] = mamba2_nonflush_maxnreg_default(decode, BP2, base["warps"], kw, fp,
                                                           batch)
@@ -964,7 +1005,7 @@ def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
     return bool(pdl)
 
 
-NVFP4_DECODES = ("e4m3", "words")
+NVFP4_DECODES = ("e4m3", "words", "mma")
 
 
 def _nvfp4_decode(mode: str | None) -> str:
@@ -978,7 +1019,13 @@ def _nvfp4_decode(mode: str | None) -> str:
     1 the NVFP4 + FP16-SR window on Super 4.8 -> 4.6 us (tune_r104_b1_*.log). GDN's steps,
     which dot each row with two vectors, keep ``"words"``: there the decoded tile held for
     both products made Qwen3.5-4B's step 63.2 -> 70.7 us even in 64-column chunks
-    (tune_r104_gdn_*.log)."""
+    (tune_r104_gdn_*.log). ``"mma"``: the E4M3-byte decode times each block's scale in fp16
+    (exact), and the state product on tensor cores against C's fp16 pieces, which the
+    ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
+    Compiled for sm_90 (Triton 3.6), Nemotron-3-Super's 64-row program takes 1376
+    instructions instead of 1632 (5.4 per element against the 6.8 that 85% of copy
+    bandwidth leaves) and 112 registers instead of 72 (16 programs per SM instead of 28).
+    Not yet timed on the H200, so not a default."""
     mode = mode or "e4m3"
     if mode not in NVFP4_DECODES:
         raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
