@@ -931,18 +931,26 @@ def mma_vector_pieces(v_ptr, out_ptr, scale_ptr, COL0: tl.constexpr, N: tl.const
 
 
 @triton.jit
+def e2m1_rows_fp16(base, rows, mask_r, BR: tl.constexpr, N: tl.constexpr):
+    """BR stored NVFP4 rows' codes read as int32 words and decoded through E4M3 bytes
+    (``e2m1_words_fp16``): fp16 (BR, N), E2M1 value times 2^-6, position 8 w + p holding
+    nibble ``e2m1_word_nibble(p)`` of word w."""
+    WN: tl.constexpr = N // 8
+    wi = tl.arange(0, WN)
+    w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
+                mask=mask_r[:, None], other=0, eviction_policy=STREAM)
+    w2 = tl.join(w, w)
+    return e2m1_words_fp16(tl.reshape(tl.join(tl.join(w2, w2), tl.join(w2, w2)), (BR, N)))
+
+
+@triton.jit
 def nvfp4_mma_operand(base, bscale_base, rows, mask_r, BR: tl.constexpr, N: tl.constexpr):
     """BR stored NVFP4 rows as the fp16 (BR, N) operand of ``nvfp4_mma_dot``: each row's
     int32 words decoded through E4M3 bytes (``e2m1_words_fp16``: E2M1 value times 2^-6, in
     its nibble order) times the block's E4M3 scale, a product exact in fp16 (at most six
     significant bits, from 2^-16 up to 42). A NaN block scale makes its block NaN."""
     NB: tl.constexpr = N // 16
-    WN: tl.constexpr = N // 8
-    wi = tl.arange(0, WN)
-    w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
-                mask=mask_r[:, None], other=0, eviction_policy=STREAM)
-    w2 = tl.join(w, w)
-    v = e2m1_words_fp16(tl.reshape(tl.join(tl.join(w2, w2), tl.join(w2, w2)), (BR, N)))
+    v = e2m1_rows_fp16(base, rows, mask_r, BR, N)
     blk = tl.arange(0, NB)
     bs = tl.load(bscale_base + rows[:, None] * NB + blk[None, :], mask=mask_r[:, None],
                  other=0.0)
@@ -951,6 +959,19 @@ def nvfp4_mma_operand(base, bscale_base, rows, mask_r, BR: tl.constexpr, N: tl.c
     else:
         bs = fp8_value(bs).to(tl.float16)
     return tl.reshape(tl.reshape(v, (BR, NB, 16)) * bs[:, :, None], (BR, N))
+
+
+@triton.jit
+def nvfp4_mma_rows_dot(base, rscale_base, bscale_base, rows, mask_r, pieces_ptr, scales_ptr,
+                       BR: tl.constexpr, N: tl.constexpr, TWO: tl.constexpr,
+                       PDL: tl.constexpr):
+    """``rows_dot`` of BR stored NVFP4 rows on tensor cores: the rows decoded
+    (``nvfp4_mma_operand``), then, once the launch that wrote the vectors' pieces is done
+    (``wait_prior_grid`` with PDL: the codes' loads and decode overlap it), their product
+    with the pieces (``nvfp4_mma_dot``)."""
+    a = nvfp4_mma_operand(base, bscale_base, rows, mask_r, BR, N)
+    wait_prior_grid(PDL)
+    return nvfp4_mma_dot(a, rscale_base, rows, mask_r, pieces_ptr, scales_ptr, N, TWO)
 
 
 @triton.jit
@@ -1017,12 +1038,7 @@ def rows_dot(base, rscale_base, bscale_base, rows, mask_r, va_ptr, vb_ptr, lut_p
                 pb = pa
         elif E4M3:  # one vector: decoded through E4M3 bytes (``e2m1_words_fp16``)
             tl.static_assert(not TWO, "rows_dot: the E4M3 decode serves one vector")
-            WN: tl.constexpr = N // 8
-            wi = tl.arange(0, WN)
-            w = tl.load(base.to(tl.pointer_type(tl.int32)) + rows[:, None] * WN + wi[None, :],
-                        mask=mask_r[:, None], other=0, eviction_policy=STREAM)
-            w2 = tl.join(w, w)
-            v = e2m1_words_fp16(tl.reshape(tl.join(tl.join(w2, w2), tl.join(w2, w2)), (BR, N)))
+            v = e2m1_rows_fp16(base, rows, mask_r, BR, N)
             if PRESCALED:
                 sa = tl.load(scales_ptr)
                 ca = tl.load(scales_ptr + 1)

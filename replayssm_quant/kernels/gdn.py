@@ -27,8 +27,7 @@ from .common import (
     log_decay_suffixes,
     lut_table,
     mma_vector_pieces,
-    nvfp4_mma_dot,
-    nvfp4_mma_operand,
+    nvfp4_mma_rows_dot,
     prefetch_records,
     register_cap,
     release_dependents,
@@ -319,12 +318,10 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
         tl.static_assert(SRC_FMT == 4 and not FUSED_PREP,
                          "the tensor-core products read an NVFP4 source and the pieces the "
                          "ring-products launch writes")
-        a = nvfp4_mma_operand(src_ptr + slot * s_src, src_bs_ptr + slot * s_srcbs, h * V + vv,
-                              mv, BV, K)
-        wait_prior_grid(PDL)  # the pieces come from the ring-products launch
-        sk, sq = nvfp4_mma_dot(a, src_rs_ptr + slot * s_srcrs, h * V + vv, mv,
-                               mm_ptr + (b * HK + hk) * (K * 16), ms_ptr + 2 * (b * HK + hk),
-                               K, True)
+        sk, sq = nvfp4_mma_rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                                    src_bs_ptr + slot * s_srcbs, h * V + vv, mv,
+                                    mm_ptr + (b * HK + hk) * (K * 16),
+                                    ms_ptr + 2 * (b * HK + hk), BV, K, True, PDL)
     else:
         sk, sq = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                           src_bs_ptr + slot * s_srcbs, h * V + vv, mv, k_row, q_row,

@@ -30,8 +30,7 @@ from .common import (
     log_decay_suffixes,
     lut_table,
     mma_vector_pieces,
-    nvfp4_mma_dot,
-    nvfp4_mma_operand,
+    nvfp4_mma_rows_dot,
     pow2_prescale_of,
     register_cap,
     release_dependents,
@@ -278,11 +277,10 @@ def _nonflush_y(p, mp, b, h, g, slot, dt, decay, w, mj, bc, bcc, j,
         tl.static_assert(SRC_FMT == 4 and LOAD_BC,
                          "the tensor-core product reads an NVFP4 source and the pieces the "
                          "ring-products launch writes")
-        a = nvfp4_mma_operand(src_ptr + slot * s_src, src_bs_ptr + slot * s_srcbs, h * P + p,
-                              mp, BP, N)
-        wait_prior_grid(PDL)  # the pieces come from the ring-products launch
-        sc, _ = nvfp4_mma_dot(a, src_rs_ptr + slot * s_srcrs, h * P + p, mp,
-                              mm_ptr + (b * G + g) * (N * 16), ms_ptr + b * G + g, N, False)
+        sc, _ = nvfp4_mma_rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
+                                   src_bs_ptr + slot * s_srcbs, h * P + p, mp,
+                                   mm_ptr + (b * G + g) * (N * 16), ms_ptr + b * G + g, BP, N,
+                                   False, PDL)
     else:
         sc, _ = rows_dot(src_ptr + slot * s_src, src_rs_ptr + slot * s_srcrs,
                          src_bs_ptr + slot * s_srcbs, h * P + p, mp,
