@@ -144,3 +144,61 @@ def test_compare_paired_numbers_and_pairing_check():
     other = pd.concat([_items("fp32", ref), _items("nvfp4-read/fp32", cand, prompt="q")])
     with pytest.raises(PairingError, match="different prompts"):
         compare(other, resamples=100)
+
+
+def _score_by_brute_force(ref: np.ndarray, cand: np.ndarray, d: float) -> float:
+    """Tango's score statistic with the restricted MLE found numerically (no closed form)."""
+    from scipy import optimize
+
+    n = ref.size
+    gain, loss = int(np.sum(~ref & cand)), int(np.sum(ref & ~cand))
+    rest = n - gain - loss
+    lo_q, hi_q = max(0.0, -d) + 1e-12, (1 - d) / 2 - 1e-12
+
+    def nll(q: float) -> float:
+        parts = [(gain, q + d), (loss, q), (rest, 1 - 2 * q - d)]
+        return -sum(k * np.log(p) for k, p in parts if k)
+
+    q = optimize.minimize_scalar(nll, bounds=(lo_q, hi_q), method="bounded",
+                                 options={"xatol": 1e-13}).x
+    return (gain - loss - n * d) / np.sqrt(n * (2 * q + d * (1 - d)))
+
+
+@pytest.mark.parametrize("table", [(50, 3, 1, 20), (10, 0, 0, 5), (3, 9, 2, 1), (5, 0, 7, 5), (0, 2, 1, 1)])
+def test_paired_difference_ci_inverts_the_score_test(table):
+    from replayssm_quant.evals.stats import paired_difference_ci
+
+    ref, cand = _pairs(*table)
+    est, lo, hi = paired_difference_ci(ref, cand)
+    assert est == pytest.approx(cand.mean() - ref.mean())
+    z = sps.norm.ppf(0.975)
+    for bound, want in ((lo, z), (hi, -z)):
+        if -1 < bound < 1:
+            assert _score_by_brute_force(ref, cand, bound) == pytest.approx(want, abs=1e-4)
+
+
+def test_paired_difference_ci_does_not_collapse_at_small_n():
+    """0/2 against 0/2 carries almost no information; a bootstrap says [0, 0], the score
+    interval says so honestly."""
+    from replayssm_quant.evals.stats import paired_difference_ci
+
+    ref, cand = _pairs(0, 0, 0, 2)
+    assert paired_bootstrap(ref.astype(float), cand.astype(float)).hi == 0.0
+    _, lo, hi = paired_difference_ci(ref, cand)
+    assert lo < -0.5 and hi > 0.5
+    _, lo, hi = paired_difference_ci(*_pairs(50, 0, 0, 50))
+    assert 0.02 < hi < 0.05 and lo == pytest.approx(-hi)
+
+
+def test_paired_difference_ci_coverage():
+    from replayssm_quant.evals.stats import paired_difference_ci
+
+    rng = np.random.default_rng(1)
+    for n, pa, pb, rho in [(12, 0.5, 0.4, 0.5), (30, 0.8, 0.8, 0.7), (40, 0.3, 0.45, 0.0)]:
+        hits = 0
+        for _ in range(400):
+            u = rng.random(n)
+            v = np.where(rng.random(n) < rho, u, rng.random(n))
+            _, lo, hi = paired_difference_ci(u < pa, v < pb)
+            hits += lo <= pb - pa <= hi
+        assert hits / 400 >= 0.92, (n, pa, pb, rho, hits / 400)

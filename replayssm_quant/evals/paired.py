@@ -5,8 +5,10 @@ seeds as the reference: one GPQA-Diamond run has a standard error of ~3 points, 
 answered identically by both, so the paired difference is far tighter. Per (model, task, config):
 
 * accuracy with a Wilson 95% interval;
-* the paired accuracy difference to the reference with a percentile bootstrap interval (items
-  resampled together);
+* the paired accuracy difference to the reference with Tango's score interval
+  (:func:`~replayssm_quant.evals.stats.paired_difference_ci`), which holds its coverage at the
+  small n of a quick run, and a percentile bootstrap interval beside it (``delta_ci_bootstrap``),
+  which collapses to zero width when every item agrees;
 * McNemar's test on the discordant items: exact binomial below :data:`EXACT_BELOW` discordant
   pairs, else the continuity-corrected chi-squared (the statsmodels convention);
 * flip rate (items whose correctness differs from the reference), answer-change rate;
@@ -30,7 +32,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from .stats import mcnemar as exact_mcnemar
-from .stats import paired_bootstrap, proportion_ci
+from .stats import paired_bootstrap, paired_difference_ci, proportion_ci
 from .tasks import TaskSpec, extract_answer
 
 __all__ = [
@@ -169,11 +171,13 @@ def _summary(cand: pd.DataFrame, ref: pd.DataFrame | None, *, resamples: int, le
     rc = ref["correct"].to_numpy(dtype=bool)
     boot = paired_bootstrap(rc.astype(float), correct.astype(float), resamples=resamples,
                             level=level, seed=seed)
+    _, score_lo, score_hi = paired_difference_ci(rc, correct, level)
     mc = mcnemar_test(rc, correct)
     changed = (ref["answer"].fillna("\0").to_numpy() != cand["answer"].fillna("\0").to_numpy())
     out |= {
         "ref_accuracy": float(rc.mean()) if n else math.nan,
-        "delta": boot.mean, "delta_ci": [boot.lo, boot.hi], "delta_se": boot.se,
+        "delta": boot.mean, "delta_ci": [score_lo, score_hi], "delta_ci_method": "tango-score",
+        "delta_ci_bootstrap": [boot.lo, boot.hi], "delta_se": boot.se,
         "mcnemar_p": mc["pvalue"], "mcnemar_method": mc["method"],
         "discordant": mc["discordant"], "flips_to_wrong": mc["ref_only"],
         "flips_to_right": mc["cand_only"], "flip_rate": mc["discordant"] / n if n else math.nan,
