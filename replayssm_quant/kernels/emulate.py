@@ -47,19 +47,18 @@ import triton
 import triton.language as tl
 
 from ..precision import PrecisionConfig, parse_config
-from .common import (
+from .core.codes import fp8_row_encode, nvfp4_row_encode
+from .core.rounding import (
     FMT_CODES,
     FMT_NONE,
     finite_abs,
-    fp8_row_encode,
-    nvfp4_row_encode,
     round_grid,
     round_grid_rn_value,
     round_to,
     safe_div,
     sr_words_for,
-    unit_lower_inverse,
 )
+from .core.sums import unit_lower_inverse
 
 __all__ = ["MAX_KERNEL_L", "gdn_emulate", "gdn_supported", "mamba2_emulate", "mamba2_supported"]
 

@@ -18,64 +18,59 @@ import triton
 import triton.language as tl
 
 from ..ssm import gdn as ref
-from .cache import ReplayCache, reference_call, runs_reference, slot_stride
-from .common import (
-    count_nans,
-    load_cols,
-    load_rows,
-    log_decay_segments,
-    log_decay_suffixes,
-    lut_table,
-    mma_vector_pieces,
-    nvfp4_mma_rows_dot,
+from .core.cache import ReplayCache, reference_call, runs_reference, slot_stride
+from .core.codes import lut_table
+from .core.memory import (
     prefetch_records,
     register_cap,
     release_dependents,
     resolve_flush_tma,
-    ring_records,
     row_head_tile,
-    row_scales,
-    rows_dot,
-    split_dot,
-    sr_words_for,
     state_descriptor,
     step_grid,
-    store_rows,
     tile_rows,
-    unit_lower_inverse,
     wait_prior_grid,
-    write_state,
 )
-from .mamba2 import (
-    _DEFAULT,
-    _flush_warps,
-    _fmt,
-    _records,
-    _state_args,
+from .core.persistent import launch_persistent
+from .core.products import mma_vector_pieces, nvfp4_mma_rows_dot, rows_dot
+from .core.ring import (
     advance_cursor,
     advance_rows,
-    check_prep_groups,
-    check_step_flush,
-    default_fold_precision,
     finish_row,
     flush_list,
+    fmt_code,
+    shift_and_commit,
+    state_args,
+)
+from .core.rounding import sr_words_for
+from .core.state_io import count_nans, load_cols, load_rows, row_scales, split_dot, store_rows, write_state
+from .core.sums import log_decay_segments, log_decay_suffixes, ring_records, unit_lower_inverse
+from .core.target import Target
+from .knobs import (
+    DEFAULT,
+    check_prep_groups,
+    check_step_flush,
     fold_precision,
     fp8_decode_of,
+    pdl_edges_of,
+    records_fold,
+    resolve_pdl,
+    split_terms,
+    verify_chunk,
+    verify_precision,
+)
+from .plan import FlushPlan, StepPlan, check_knob_names, note_plan
+from .tuning.rules import (
+    default_fold_precision,
+    flush_warps_default,
     fused_prep_default,
     keeps_counters,
-    pdl_edges_of,
     prep_groups_default,
     reads_narrow_copy,
     resolve_one_launch,
-    resolve_pdl,
     small_grid_rows,
-    split_terms,
-    verify_chunk,
     verify_maxnreg_default,
-    verify_precision,
 )
-from .persistent import launch_persistent
-from .plan import FlushPlan, StepPlan, Target, check_knob_names, note_plan
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -673,7 +668,7 @@ def gdn_flush_knobs(cfg, batch: int = 256) -> tuple[str, int, int]:
     rows once its products run on tensor cores, 1028 -> 712 us and 521 -> 371 us,
     tune_r147_fp8_tiles.log), the NVFP4 checkpoint
     folding record by record once the keys load in the state's layout (1534 -> 1286 us and
-    780 -> 657 us, tune_r53_flush_variants.log); else 32 rows and ``_flush_warps`` warps.
+    780 -> 657 us, tune_r53_flush_variants.log); else 32 rows and ``flush_warps_default`` warps.
 
     The replays of a read copy take 16 rows: an fp8 copy of an fp32 checkpoint on one warp
     (4B 1106 -> 1016 us, tune_r51), an NVFP4 copy of one on two warps and, from
@@ -696,7 +691,7 @@ def gdn_flush_knobs(cfg, batch: int = 256) -> tuple[str, int, int]:
         return "records", 8, 1
     if not cfg.uses_sr:  # fp32 or fp8 checkpoint (bf16x3 products on a bf16 ring)
         return "dot", 16, 1
-    return "dot", 32, _flush_warps(cfg)
+    return "dot", 32, flush_warps_default(cfg)
 
 
 def gdn_flush_stages(precision: str, records: bool, cfg=None, tma: bool = False) -> int | None:
@@ -885,18 +880,18 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     note_plan(plan)
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)
-    ck = _state_args(cache.ckpt, slots)
+    ck = state_args(cache.ckpt, slots)
     if plan.conventional:
         _gdn_conv_kernel[plan.grid](q, k, v, g, beta, slots, o, *ck, cache.flush_index,
                                     cache.nan_count, cache.seed, cache.layer, cache.ticket,
                                     cache.cursor, Bsz, HV=HV, HK=HK, V=V, K=K,
-                                    CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, BV=plan.rows,
+                                    CK_FMT=fmt_code(cache.ckpt), SR=cfg.uses_sr, BV=plan.rows,
                                     TILE_FIRST=plan.tile_first, ADVANCE=plan.ticket,
                                     num_warps=plan.warps, **register_cap(plan.maxnreg))
         if plan.separate_advance:
             advance_cursor(cache, slots)
         return o
-    rd = _state_args(cache.read, slots)
+    rd = state_args(cache.read, slots)
     LB = max(16, triton.next_power_of_2(cache.capacity))
     kd = torch.empty(Bsz, HK, 2 * LB + 1, device=q.device, dtype=torch.float32)
     work = torch.empty(2 * Bsz + 1, device=q.device, dtype=torch.int32)
@@ -923,10 +918,10 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
         lut_table(plan.lut, o), cache.flush_index, work, Bsz, *ck, *rd, cache.nan_count,
         cache.seed, cache.layer, cache.ticket, mm, ms, HV=HV, HK=HK, V=V, K=K,
         L=cfg.L, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=plan.rows,
+        SRC_FMT=fmt_code(cache.read or cache.ckpt), RECOMPUTE=cfg.recompute_u, BV=plan.rows,
         LUT=plan.lut,
         TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep, ONE_LAUNCH=plan.one_launch,
-        ADVANCE=plan.ticket, CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        ADVANCE=plan.ticket, CK_FMT=fmt_code(cache.ckpt), RD_FMT=fmt_code(cache.read), SR=cfg.uses_sr,
         PDL=plan.step_pdl, FLUSH_PDL=fl_pdl, EARLY=plan.early_loads,
         WORDS8=plan.decode == "words8", launch_pdl=plan.step_pdl,
         FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot", MMA=mma,
@@ -936,8 +931,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
             _gdn_flush_kernel, q.device, fl.tiles, fl.per_sm,
             q, k, v, g, beta, slots, o, *ck, *rd, *ring, kd, ti, work, cache.cursor,
             cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz, HV=HV, HK=HK, V=V,
-            K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=_fmt(cache.ckpt),
-            RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=fl.rows,
+            K=K, L=cfg.L, CAP=cache.capacity, LB=LB, CK_FMT=fmt_code(cache.ckpt),
+            RD_FMT=fmt_code(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BVF=fl.rows,
             RECORDS=fl.fold == "records", STAGES=fl.stages, FOLD_PREC=fl.precision,
             ADVANCE=fl.advances_cursor, PDL=fl.pdl, launch_pdl=fl.pdl, num_warps=fl.warps,
             ck_desc=state_descriptor(cache.ckpt, fl.rows, fl.tma) if fl.tma else ck[0],
@@ -956,8 +951,8 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                   flush_stages: int | None = None, flush_fold: str | None = None,
                   flush_precision: str | None = None, tile_first: bool | None = None,
                   fuse_advance: bool = True, fuse_prep: bool | None = None,
-                  maxnreg: int | None | object = _DEFAULT,
-                  flush_maxnreg: int | None | object = _DEFAULT,
+                  maxnreg: int | None | object = DEFAULT,
+                  flush_maxnreg: int | None | object = DEFAULT,
                   one_launch: bool | None = None, pdl: bool | str | None = None,
                   early_loads: bool = False, prep_groups: int | None = None,
                   flush_tma: bool | None = None, fp8_decode: str | None = None,
@@ -970,8 +965,8 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     lets the flush check that TMA can address the checkpoint."""
     target = Target.of(target)
     check_prep_groups(prep_groups, HK, "key heads")
-    register_cap(None if maxnreg is _DEFAULT else maxnreg)
-    fmaxnreg = None if flush_maxnreg is _DEFAULT else flush_maxnreg
+    register_cap(None if maxnreg is DEFAULT else maxnreg)
+    fmaxnreg = None if flush_maxnreg is DEFAULT else flush_maxnreg
     register_cap(fmaxnreg)
     src = cfg.read or cfg.ckpt
     nvfp4 = gdn_nvfp4_decode_of(nvfp4_decode, lut)  # checked whatever the source
@@ -992,7 +987,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     base = dict(kind="gdn", config=str(cfg), batch=batch, heads=HV, dim=V, d_state=K, groups=HK,
                 capacity=capacity, target=target, one_launch=ol, ticket=ticket, rows=BV,
                 rows2=0, tiles=tiles, tile_first=bool(tf), grid=step_grid(batch, HV, tiles, tf),
-                warps=num_warps or kw, maxnreg=None if maxnreg is _DEFAULT else maxnreg,
+                warps=num_warps or kw, maxnreg=None if maxnreg is DEFAULT else maxnreg,
                 lut=bool(lut))
     if capacity == 0:
         return StepPlan(**base, separate_advance=advance and not ticket, fused_prep=False,
@@ -1004,7 +999,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
                          "recomputes them record by record (use 'records')")
     base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
     fold, fblock, fwarps = gdn_flush_knobs(cfg, batch)
-    records = _records(flush_fold or fold)
+    records = records_fold(flush_fold or fold)
     ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
     BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
     FW = flush_warps or fwarps
@@ -1017,13 +1012,13 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
         raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of k and q that the "
                          "ring-products launch writes: it needs a step with that launch "
                          "(fuse_prep=False and one_launch=False, the defaults from batch 5)")
-    if maxnreg is _DEFAULT:
+    if maxnreg is DEFAULT:
         base["maxnreg"] = gdn_nonflush_maxnreg_default(decode, BV, base["warps"], kb, kw, fp)
     pk = None if fp else (1 if ut else prep_groups or gdn_prep_groups_default(cfg, batch, HK))
     flush = None
     if not ol:
         tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, target, ckpt_data)
-        if flush_maxnreg is _DEFAULT:
+        if flush_maxnreg is DEFAULT:
             fmaxnreg = gdn_flush_maxnreg_default(cfg, records, BVF, FW, batch)
         flush = FlushPlan(
             fold="records" if records else "dot", rows=BVF, warps=FW, precision=fprec,
@@ -1271,7 +1266,7 @@ def _ring_args(cache: ReplayCache):
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
                num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto",
                tile_first: bool = False, pdl: bool = False,
-               maxnreg: int | None | object = _DEFAULT) -> torch.Tensor:
+               maxnreg: int | None | object = DEFAULT) -> torch.Tensor:
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
     ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
@@ -1301,7 +1296,7 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
     act = {q.dtype, k.dtype, cache.ring["k"].dtype}
     KC = verify_chunk(K, chunk)
     prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
-    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is _DEFAULT else maxnreg)
+    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is DEFAULT else maxnreg)
     o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     BV = min(block_v, max(16, triton.next_power_of_2(V)))
     TB2, LB = max(16, triton.next_power_of_2(2 * T)), max(16, triton.next_power_of_2(cache.capacity))
@@ -1312,11 +1307,11 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
                                        T=T, TB2=TB2, HK=HK, K=K, CAP=cache.capacity, LB=LB, KC=KC,
                                        PREC=prec, PDL=use_pdl, num_warps=1)
     _gdn_verify_kernel[step_grid(Bsz, HV, triton.cdiv(V, BV), tile_first)](
-        q, k, v, g, beta, slots, o, *_state_args(src, slots), *_ring_args(cache), cache.cursor,
+        q, k, v, g, beta, slots, o, *state_args(src, slots), *_ring_args(cache), cache.cursor,
         kd, T=T, TB2=TB2, HV=HV, HK=HK, V=V, K=K, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
+        SRC_FMT=fmt_code(src), RECOMPUTE=cache.cfg.recompute_u, BV=BV, KC=KC,
         LOG_TB2=TB2.bit_length() - 1, PREC=prec, SMALL="tf32x3" if prec == "bf16x3" else prec,
-        TERMS=split_terms(_fmt(src)), TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl,
+        TERMS=split_terms(fmt_code(src)), TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl,
         num_warps=num_warps, **cap)
     return o
 
@@ -1324,8 +1319,6 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
 def gdn_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Tensor, *,
                block_v: int = 16, num_warps: int = 4) -> None:
     """Accept ``accepted (B,)`` int32 drafts per row; fold full windows like a flush."""
-    from .mamba2 import shift_and_commit
-
     if accepted.dtype != torch.int32:
         raise ValueError("accepted must be int32")
     if runs_reference(accepted):
@@ -1336,10 +1329,10 @@ def gdn_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Tensor, 
     cfg = cache.cfg
     BV = min(block_v, triton.next_power_of_2(V))
     _gdn_fold_kernel[(slots.shape[0], HV, triton.cdiv(V, BV))](
-        slots, accepted, *_state_args(cache.ckpt, slots), *_state_args(cache.read, slots),
+        slots, accepted, *state_args(cache.ckpt, slots), *state_args(cache.read, slots),
         *_ring_args(cache), cache.cursor, cache.flush_index, cache.nan_count, cache.seed,
         cache.layer, HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cache.capacity,
-        LB=max(16, triton.next_power_of_2(cache.capacity)), CK_FMT=_fmt(cache.ckpt),
-        RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BV=BV,
+        LB=max(16, triton.next_power_of_2(cache.capacity)), CK_FMT=fmt_code(cache.ckpt),
+        RD_FMT=fmt_code(cache.read), SR=cfg.uses_sr, RECOMPUTE=cfg.recompute_u, BV=BV,
         num_warps=num_warps)
     shift_and_commit(cache, accepted, slots)

@@ -20,42 +20,59 @@ import triton
 import triton.language as tl
 
 from ..ssm import mamba2 as ref
-from .cache import ReplayCache, reference_call, runs_reference, slot_stride
-from .common import (
-    FMT_CODES,
-    FMT_NONE,
-    count_nans,
-    load_cols,
-    load_rows,
-    log_decay_suffixes,
-    lut_table,
-    mma_vector_pieces,
-    nvfp4_mma_rows_dot,
-    pow2_prescale_of,
+from .core.cache import ReplayCache, reference_call, runs_reference, slot_stride
+from .core.codes import lut_table, pow2_prescale_of
+from .core.memory import (
     register_cap,
     release_dependents,
     resolve_flush_tma,
-    ring_records,
     row_head_tile,
-    row_scales,
-    rows_dot,
-    split_dot,
-    sr_words_for,
     state_descriptor,
     step_grid,
-    store_rows,
     tile_rows,
     wait_prior_grid,
-    write_state,
 )
-from .persistent import launch_persistent
-from .plan import FlushPlan, StepPlan, Target, check_knob_names, note_plan
-
-_DEFAULT = object()  # a knob left at its default (None is a value: no cap)
-
-
-def _fmt(st) -> int:
-    return FMT_NONE if st is None else FMT_CODES[st.fmt]
+from .core.persistent import launch_persistent
+from .core.products import mma_vector_pieces, nvfp4_mma_rows_dot, rows_dot
+from .core.ring import (
+    advance_cursor,
+    advance_rows,
+    finish_row,
+    flush_list,
+    fmt_code,
+    shift_and_commit,
+    state_args,
+)
+from .core.rounding import sr_words_for
+from .core.state_io import count_nans, load_cols, load_rows, row_scales, split_dot, store_rows, write_state
+from .core.sums import log_decay_suffixes, ring_records
+from .core.target import Target
+from .knobs import (
+    DEFAULT,
+    check_prep_groups,
+    check_step_flush,
+    fold_precision,
+    fp8_decode_of,
+    nvfp4_decode_of,
+    pdl_edges_of,
+    records_fold,
+    resolve_pdl,
+    split_terms,
+    verify_chunk,
+    verify_precision,
+)
+from .plan import FlushPlan, StepPlan, check_knob_names, note_plan
+from .tuning.rules import (
+    default_fold_precision,
+    flush_warps_default,
+    fused_prep_default,
+    keeps_counters,
+    prep_groups_default,
+    reads_narrow_copy,
+    resolve_one_launch,
+    small_grid_rows,
+    verify_maxnreg_default,
+)
 
 
 @triton.jit(do_not_specialize=["seed", "layer", "nrows"])
@@ -113,75 +130,6 @@ def _ring_weights(dtr_ptr, slot, s_dtr, h, c, dt, A, CAP: tl.constexpr, LB: tl.c
     return w, total, mj
 
 
-@triton.jit
-def flush_list(slots_ptr, cur_ptr, fi_ptr, list_ptr, nrows, L: tl.constexpr, RB: tl.constexpr):
-    """Rows whose cursor is at L-1 this step, compacted into ``list[1:]`` as (row, flush
-    index + 1) pairs with their count in ``list[0]``: the persistent flush kernel's work list
-    (no host sync, fixed launch shape). The flush reads its flush index from here, not from
-    the cache, so it may advance the cursors and flush indices in the same launch. RB rows at
-    a time, so the compiled kernel does not depend on the batch size."""
-    count = tl.zeros((), dtype=tl.int32)
-    for start in range(0, nrows, RB):
-        i = start + tl.arange(0, RB)
-        m = i < nrows
-        slot = tl.load(slots_ptr + i, mask=m, other=-1)
-        ok = m & (slot >= 0)
-        c = tl.load(cur_ptr + slot, mask=ok, other=0)
-        fi = tl.load(fi_ptr + slot, mask=ok, other=0)  # with the cursors, not after them
-        fl = ok & (c == L - 1)
-        pos = count + tl.cumsum(fl.to(tl.int32), 0) - 1
-        tl.store(list_ptr + 1 + 2 * pos, i, mask=fl)
-        tl.store(list_ptr + 2 + 2 * pos, fi + 1, mask=fl)
-        count += tl.sum(fl.to(tl.int32), 0)
-    tl.store(list_ptr, count)
-
-
-@triton.jit
-def advance_rows(slots_ptr, cur_ptr, fi_ptr, first, stride, nrows, L: tl.constexpr,
-                 RB: tl.constexpr):
-    """cursor += 1 (mod L) and flush_index += 1 on rows that flush, for the RB-row blocks
-    ``first, first + stride, ...`` of the batch."""
-    for start in range(first * RB, nrows, stride * RB):
-        i = start + tl.arange(0, RB)
-        m = i < nrows
-        slot = tl.load(slots_ptr + i, mask=m, other=-1)
-        ok = m & (slot >= 0)
-        c = tl.load(cur_ptr + slot, mask=ok, other=0)
-        fl = c == L - 1
-        tl.store(cur_ptr + slot, tl.where(fl, 0, c + 1), mask=ok)
-        fi = tl.load(fi_ptr + slot, mask=ok, other=0)
-        tl.store(fi_ptr + slot, tl.where(fl, fi + 1, fi), mask=ok)
-
-
-@triton.jit
-def finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi_next, L: tl.constexpr,
-               TILE_FIRST: tl.constexpr):
-    """Count this program of cache slot ``slot`` finished (``ticket_ptr[slot]``); the row's
-    last program moves its cursor on from ``c`` (and its flush index to ``fi_next`` when it
-    flushed) and re-arms the counter, so the step needs no launch of its own for the advance:
-    at small batch, where a launch costs microseconds, a step is one launch
-    (``one_launch_default``). The values are the program's own: the advance adds no load to
-    the step's tail.
-
-    The increment is relaxed, not acquire-release: it orders nothing but this program's
-    reads of the cursor and flush index before the last program's writes of them, and its
-    operand depends on the values read (``inc``, always 1), so it cannot issue before they
-    arrived. The stores of y and the ring need no order against it (the next launch orders
-    them). Without the fences the step is 0.2-0.5 us faster at batch 1 on the H200
-    (reports/kernels/tune_r101_relaxed_*.log); counting per head first and then per row was
-    slower (tune_r93_ticket.log)."""
-    if TILE_FIRST:
-        programs = tl.num_programs(0) * tl.num_programs(1)
-    else:
-        programs = tl.num_programs(1) * tl.num_programs(2)
-    inc = tl.where((c < 0) | (fi_next < 0), 2, 1)  # 1: a dependency on c and fi, not a count
-    if tl.atomic_add(ticket_ptr + slot, inc, sem="relaxed") == programs - 1:
-        tl.store(ticket_ptr + slot, 0)
-        tl.store(cur_ptr + slot, tl.where(c == L - 1, 0, c + 1))
-        if c == L - 1:
-            tl.store(fi_ptr + slot, fi_next)
-
-
 @triton.jit(do_not_specialize=["nrows"])
 def _mamba2_prep_kernel(
     B_ptr, C_ptr, slots_ptr, Br_ptr, s_Br, cur_ptr, fi_ptr, bc_ptr, list_ptr, nrows,
@@ -225,33 +173,6 @@ def _mamba2_prep_kernel(
                 row = b * G + tl.program_id(1) * PG + i
                 mma_vector_pieces(C_ptr + row * N, mm_ptr + row * (N * 16), ms_ptr + row, 0, N,
                                   True)
-
-
-PREP_ONE_WAVE = 2048
-
-
-def check_prep_groups(prep_groups: int | None, groups: int, what: str) -> None:
-    """Refuse a ``prep_groups`` that is not a power of two dividing the layer's ``what``."""
-    if prep_groups is not None and (prep_groups < 1 or prep_groups & (prep_groups - 1)
-                                    or groups % prep_groups):
-        raise ValueError(f"prep_groups must be a power of two dividing the {what} ({groups}), "
-                         f"got {prep_groups}")
-
-
-def prep_groups_default(batch: int, groups: int) -> int:
-    """Groups (Mamba-2) or key heads (GDN) per ring-products program: the fewest, from 1 and
-    doubling, that keep the launch within ``PREP_ONE_WAVE`` programs (16 four-warp programs
-    on each of the H200's 132 SMs hold 2112 at once), so the products take one wave of
-    memory round trips rather than two. Measured on the H200
-    (reports/kernels/profile_r137_prep_groups.log, tune_r137_prep_b*.log): the launch on
-    Qwen3.5-4B / 122B took 8.4 -> 7.0 us at batch 256 and 14.5 -> 9.4 us at 512, on
-    Nemotron-3-Super 7.5 -> 5.6 us at 512; replay-fp32 windows at batch 512: Qwen3.5-4B
-    329.0 -> 324.6 us, 122B 626.4 -> 621.6, Super 581.7 -> 580.2, Nano-4B 557.7 -> 556.3;
-    at batch 256 Qwen3.5-4B 171.9 -> 170.1 (122B unchanged)."""
-    pg = 1
-    while batch * groups // pg > PREP_ONE_WAVE and groups % (2 * pg) == 0:
-        pg *= 2
-    return pg
 
 
 @triton.jit
@@ -608,26 +529,6 @@ def _mamba2_flush_kernel(
         tl.atomic_add(nan_ptr, nans)
 
 
-@triton.jit(do_not_specialize=["nrows"])
-def _advance_kernel(slots_ptr, cur_ptr, fi_ptr, L: tl.constexpr, BLOCK: tl.constexpr, nrows):
-    """cursor += 1 (mod L); flush_index += 1 on rows that flushed. Separate launch because
-    every program of a row reads the cursor before any may change it."""
-    advance_rows(slots_ptr, cur_ptr, fi_ptr, tl.program_id(0), tl.num_programs(0), nrows, L, BLOCK)
-
-
-def _state_args(st, slots_dummy: torch.Tensor):
-    if st is None:
-        return (slots_dummy, slots_dummy, slots_dummy, 0, 0, 0)
-    if st.fmt == "nvfp4" and (st.data.data_ptr() % 4 or slot_stride(st.data) % 4):
-        raise ValueError("NVFP4 state data must start on a 4-byte boundary with a slot stride "
-                         "divisible by 4 bytes: the kernels read it as int32 words")
-    rs = st.row_scale if st.row_scale is not None else slots_dummy
-    bs = st.block_scale if st.block_scale is not None else slots_dummy
-    return (st.data, rs, bs, slot_stride(st.data),
-            slot_stride(st.row_scale) if st.row_scale is not None else 0,
-            slot_stride(st.block_scale) if st.block_scale is not None else 0)
-
-
 def _check_inputs(cache: ReplayCache, x, dt, A, Bm, C, slots):
     H, P = x.shape[-2:]
     G, N = Bm.shape[-2:]
@@ -715,19 +616,19 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
     d = D if D is not None else A
-    ck = _state_args(cache.ckpt, slots)
+    ck = state_args(cache.ckpt, slots)
     if plan.conventional:
         _mamba2_conv_kernel[plan.grid](
             x, dt, A, Bm, C, d, slots, y, *ck, cache.flush_index, cache.nan_count,
             cache.seed, cache.layer, cache.ticket, cache.cursor, Bsz, H=H, P=P, N=N, G=G,
-            CK_FMT=_fmt(cache.ckpt), SR=cfg.uses_sr, HAS_D=D is not None, BP=plan.rows,
+            CK_FMT=fmt_code(cache.ckpt), SR=cfg.uses_sr, HAS_D=D is not None, BP=plan.rows,
             TILE_FIRST=plan.tile_first, ADVANCE=plan.ticket, num_warps=plan.warps,
             **register_cap(plan.maxnreg))
         if plan.separate_advance:
             advance_cursor(cache, slots)
         return y
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
-    rd = _state_args(cache.read, slots)
+    rd = state_args(cache.read, slots)
     LB = max(16, triton.next_power_of_2(cache.capacity))
     bc = torch.empty(Bsz, G, LB + 3, device=x.device, dtype=torch.float32)
     work = torch.empty(2 * Bsz + 1, device=x.device, dtype=torch.int32)
@@ -748,11 +649,11 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
         slot_stride(Br), cache.cursor, bc, lut_table(plan.lut, y), cache.flush_index, work, Bsz,
         *ck, *rd, cache.nan_count, cache.seed, cache.layer, cache.ticket, mm, ms,
         H=H, P=P, N=N, G=G, L=cfg.L,
-        CAP=cache.capacity, LB=LB, SRC_FMT=_fmt(cache.read or cache.ckpt), HAS_D=D is not None,
+        CAP=cache.capacity, LB=LB, SRC_FMT=fmt_code(cache.read or cache.ckpt), HAS_D=D is not None,
         BP=plan.rows, LUT=plan.lut, TILE_FIRST=plan.tile_first, FUSED_PREP=plan.fused_prep,
         BP2=plan.rows2, ONE_LAUNCH=plan.one_launch, ADVANCE=plan.ticket,
         FR=plan.step_flush_rows, FR_DOT=plan.step_flush_fold == "dot",
-        CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+        CK_FMT=fmt_code(cache.ckpt), RD_FMT=fmt_code(cache.read), SR=cfg.uses_sr,
         E4M3=plan.decode == "e4m3", WORDS8=plan.decode == "words8", PDL=plan.step_pdl,
         FLUSH_PDL=fl_pdl, MMA=mma,
         EARLY=plan.early_loads, launch_pdl=plan.step_pdl,
@@ -764,7 +665,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
             xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
             work, cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer, Bsz,
             H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity, LB=LB,
-            CK_FMT=_fmt(cache.ckpt), RD_FMT=_fmt(cache.read), SR=cfg.uses_sr,
+            CK_FMT=fmt_code(cache.ckpt), RD_FMT=fmt_code(cache.read), SR=cfg.uses_sr,
             HAS_D=D is not None, BPF=fl.rows, STAGES=fl.stages, RECORDS=fl.fold == "records",
             FOLD_PREC=fl.precision, ADVANCE=fl.advances_cursor, PDL=fl.pdl, launch_pdl=fl.pdl,
             num_warps=fl.warps,
@@ -784,8 +685,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                      flush_stages: int | None = None, flush_fold: str | None = None,
                      flush_precision: str | None = None, tile_first: bool | None = None,
                      fuse_advance: bool = True, fuse_prep: bool | None = None,
-                     maxnreg: int | None | object = _DEFAULT,
-                     flush_maxnreg: int | None | object = _DEFAULT,
+                     maxnreg: int | None | object = DEFAULT,
+                     flush_maxnreg: int | None | object = DEFAULT,
                      whole_head: bool | None = None, one_launch: bool | None = None,
                      nvfp4_decode: str | None = None, pdl: bool | str | None = None,
                      early_loads: bool | None = None, prep_groups: int | None = None,
@@ -799,11 +700,11 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
     target = Target.of(target)
     check_prep_groups(prep_groups, G, "groups")
-    register_cap(None if maxnreg is _DEFAULT else maxnreg)
-    fmaxnreg = None if flush_maxnreg is _DEFAULT else flush_maxnreg
+    register_cap(None if maxnreg is DEFAULT else maxnreg)
+    fmaxnreg = None if flush_maxnreg is DEFAULT else flush_maxnreg
     register_cap(fmaxnreg)
     src = cfg.read or cfg.ckpt
-    mode = _nvfp4_decode(nvfp4_decode)
+    mode = nvfp4_decode_of(nvfp4_decode)
     decode = (("lut" if lut else mode) if src.name == "nvfp4" else
               fp8_decode_of(fp8_decode, src.name, capacity))
     flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
@@ -840,7 +741,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                 groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
                 rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
                 grid=step_grid(batch, H, tiles, tile_first), warps=num_warps or kw,
-                maxnreg=None if maxnreg is _DEFAULT else maxnreg, decode=decode,
+                maxnreg=None if maxnreg is DEFAULT else maxnreg, decode=decode,
                 early_loads=bool(early_loads), lut=bool(lut))
     if capacity == 0:
         return StepPlan(**{**base, "decode": "", "early_loads": False},
@@ -857,7 +758,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
         raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of C that the ring-products "
                          "launch writes: it needs a step with that launch (fuse_prep=False and "
                          "one_launch=False, the defaults from batch 5)")
-    if maxnreg is _DEFAULT:
+    if maxnreg is DEFAULT:
         base["maxnreg"] = mamba2_nonflush_maxnreg_default(decode, BP2, base["warps"], kw, fp,
                                                           batch)
     pg = None if fp else prep_groups or prep_groups_default(batch, G)
@@ -869,8 +770,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
         fold, fblock, fwarps = mamba2_flush_knobs(cfg)
         BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
         FW = flush_warps or fwarps
-        records = _records(flush_fold or fold)
-        if flush_maxnreg is _DEFAULT:
+        records = records_fold(flush_fold or fold)
+        if flush_maxnreg is DEFAULT:
             fmaxnreg = mamba2_flush_maxnreg_default(cfg, BPF, FW) if records else None
         tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, target, ckpt_data)
         flush = FlushPlan(
@@ -887,6 +788,8 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
 
 
 STEP_FLUSH_PASS_ROWS = 8
+
+
 STEP_FLUSH_DOT_ROWS = 16
 
 
@@ -929,125 +832,6 @@ def step_flush_default(cfg, BP: int, BP2: int, ring_dtype: torch.dtype) -> tuple
     return fr, "dot" if plain else "records"
 
 
-def check_step_flush(rows: int | None, fold: str | None, one_launch: bool, BP: int, BP2: int,
-                     ring_dtype: torch.dtype) -> tuple[int, str]:
-    """(rows per pass, fold) of a one-launch program's flush (``step_flush_rows`` /
-    ``step_flush_fold``): passes must divide the program's row passes (``BP``, ``BP2``), and
-    the ``"dot"`` fold needs 16+ rows (an MMA's least) and a bf16 ring, as the persistent
-    flush's bf16x3 products do. Refused without ``one_launch``, where no step program flushes."""
-    if rows is None and fold is None:
-        return 0, "records"
-    if not one_launch:
-        raise ValueError("step_flush_rows / step_flush_fold set how a one-launch step's "
-                         "programs flush; they need one_launch=True")
-    fold = fold or "records"
-    if fold not in FLUSH_FOLDS:
-        raise ValueError(f"step_flush_fold must be one of {FLUSH_FOLDS}, got {fold!r}")
-    rows = rows or (BP if not BP2 else min(BP, BP2))
-    if rows <= 0 or rows & (rows - 1) or BP % rows or (BP2 and BP2 % rows):
-        raise ValueError(f"step_flush_rows must be a power of two dividing the program's rows "
-                         f"({BP}" + (f" + {BP2}" if BP2 else "") + f"), got {rows}")
-    if fold == "dot":
-        if rows < 16:
-            raise ValueError(f"step_flush_fold='dot' needs step_flush_rows >= 16, got {rows}")
-        fold_precision("bf16x3", ring_dtype)
-    return rows, fold
-
-
-PDL_EDGES = ("prep", "flush")
-
-
-def pdl_edges_of(pdl: bool | str | None) -> tuple[str, ...]:
-    """The launch edges ``pdl`` makes programmatic: ``"prep"`` (the non-flush launch after
-    the ring products), ``"flush"`` (the flush after the non-flush launch), both for
-    ``True`` / None."""
-    if isinstance(pdl, str):
-        if pdl not in PDL_EDGES:
-            raise ValueError(f"pdl must be a bool or one of {PDL_EDGES}, got {pdl!r}")
-        return (pdl,)
-    return PDL_EDGES
-
-
-def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
-    """Whether a ReplaySSM step's launches after its first overlap the launch before them
-    (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
-    (None) wherever the GPU has it (sm_90+); asking for it is refused on an older GPU, whose
-    compiler has no ``griddepcontrol``. Under the interpreter (CPU tensors) it runs the same
-    kernels, whose waits are no-ops there. A one-launch step (``one_launch_default``: small
-    batches) has no edge to overlap.
-
-    Measured on the H200, replay-fp32 window without -> with:
-
-    * batch 16: Nemotron-3-Super 32.6 -> 29.2 us, Qwen3.5-4B 18.4 -> 15.7 us (the
-      conventional FP32 step takes 16.0 us there); nvfp4-read/fp16-sr 17.8 -> 16.2 and
-      14.5 -> 12.2 us (reports/kernels/tune_r110_pdl_*.log);
-    * batch 64 and 128: 1-7% faster (tune_r112_pdl_b*.log);
-    * batch 256 (tune_r173_pdl_trigger_b256.log, two runs each): Nemotron-3-Nano-4B 288.6 /
-      287.5 -> 283.5 / 283.4 us, Super 299.0 / 299.4 -> 297.9 / 298.5, Qwen3.5-4B 169.8 /
-      169.3 -> 166.4 / 166.0, Qwen3.5-122B 318.4 / 319.2 -> 315.6 / 318.2; nvfp4-read/fp16-sr
-      1.8-3.7 us faster on every shape;
-    * batch 512 (tune_r173_pdl_trigger_b512.log): Nano-4B 563.7 -> 558.2 us, Qwen3.5-4B 324.0
-      -> 321.3, Super and 122B within 0.6 us.
-
-    Batch 256 and 512 kept plain launches until the non-flush programs of flushing rows
-    stopped releasing the flush launch (``release_dependents`` only in non-flushing rows'
-    programs): with a release in each of a flush step's tens of thousands of exiting
-    programs the flush step took ~21 us longer (tune_r172_pdl_flush_b256.log: Super 623.5 ->
-    644.6 us, Qwen3.5-4B 349.5 -> 370.4; after the change 619.1 -> 620.2 and 347.7 -> 349.5)."""
-    pdl_edges_of(pdl)
-    target = Target.of(device)
-    if pdl is None:
-        return target.programmatic_launch
-    if pdl and target.cuda and not target.programmatic_launch:
-        raise ValueError("pdl needs an sm_90 or newer GPU (programmatic dependent launch)")
-    return bool(pdl)
-
-
-NVFP4_DECODES = ("e4m3", "words", "mma")
-
-
-def _nvfp4_decode(mode: str | None) -> str:
-    """How a Mamba-2 non-flush step decodes its NVFP4 source: ``"e4m3"`` (default: each
-    int32 word's nibbles placed into E4M3 bytes, then the hardware's fp8 -> fp16
-    conversion, ``common.e2m1_words_fp16``) or ``"words"`` (three integer operations per
-    element into fp32 bit patterns, ``common.e2m1_word_scaled``). Measured on the H200 at
-    batch 256: the NVFP4 non-flush step on Nemotron-3-Nano-4B 90.7 -> 76.3 us, Super 81.1 ->
-    75.8 us in one A/B run (reports/kernels/tune_r103_decode_*.log), 80-91 -> 74-85 us across
-    every NVFP4 preset against the previous sweep (decode_r105 against decode_r100); at batch
-    1 the NVFP4 + FP16-SR window on Super 4.8 -> 4.6 us (tune_r104_b1_*.log). GDN's steps,
-    which dot each row with two vectors, keep ``"words"``: there the decoded tile held for
-    both products made Qwen3.5-4B's step 63.2 -> 70.7 us even in 64-column chunks
-    (tune_r104_gdn_*.log). ``"mma"``: the E4M3-byte decode times each block's scale in fp16
-    (exact), and the state product on tensor cores against C's fp16 pieces, which the
-    ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
-    Compiled for sm_90 (Triton 3.6), Nemotron-3-Super's 64-row program takes 1376
-    instructions instead of 1632 (5.4 per element against the 6.8 that 85% of copy
-    bandwidth leaves) and 112 registers instead of 72 (16 programs per SM instead of 28).
-    Not yet timed on the H200, so not a default."""
-    mode = mode or "e4m3"
-    if mode not in NVFP4_DECODES:
-        raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
-    return mode
-
-
-FP8_DECODES = ("cvt", "words")
-
-
-def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "cvt") -> str:
-    """How a non-flush step decodes an fp8 read source (the plan's ``decode``; "" for any
-    other source): ``"cvt"`` (byte tiles through the hardware's fp8 conversion) or
-    ``"words"`` (int32 words, three integer operations per element into fp32 bit patterns,
-    ``common.e4m3_word_scaled``, in the NVFP4 words' thread arrangement); None takes
-    ``default``. The Mamba-2 steps keep ``"cvt"``: at batch 1 with every state from HBM the
-    words gained nothing on the Nemotron shapes (-0.1 to +0.2 us, reports/kernels/
-    tune_r220_b1_hbm*.log), and at batch 256 the non-flush step took 158.6 against 85.5 us
-    on Super (tune_r221_mamba2_fp8.log)."""
-    mode = mode or default
-    if mode not in FP8_DECODES:
-        raise ValueError(f"fp8_decode must be one of {FP8_DECODES}, got {mode!r}")
-    return "words8" if mode == "words" and capacity and source.startswith("fp8") else ""
-
-
 def mamba2_tile_first(capacity: int, P: int, block_p: int, narrow: bool = True) -> bool:
     """Default grid order of the conventional / non-flush step (``tile_first``,
     ``common.row_head_tile``), measured on the H200 at batch 256
@@ -1076,12 +860,6 @@ def flush_stages_for(cfg, tma: bool = False) -> int | None:
     if cfg.ckpt.name == "fp32" and cfg.read is None:
         return 2 if tma else 3
     return None
-
-
-def _flush_warps(cfg) -> int:
-    """Warps per flush program (tuned on the H200 at batch 256, reports/kernels): 8 when the
-    checkpoint takes SR (the Philox words and the rounding spill at 4 warps), else 4."""
-    return 8 if cfg.uses_sr else 4
 
 
 def whole_head_rows(P: int, N: int) -> tuple[int, int] | None:
@@ -1148,13 +926,6 @@ def early_loads_default(cfg, batch: int, one_launch: bool) -> bool:
     return one_launch and batch == 1 and (cfg.read or cfg.ckpt).name == "fp32"
 
 
-def reads_narrow_copy(cfg) -> bool:
-    """Whether a ReplaySSM non-flush step reads an fp8 or NVFP4 state (its read copy, or a
-    narrow checkpoint when there is none)."""
-    src = cfg.read or cfg.ckpt
-    return src.name == "nvfp4" or src.name.startswith("fp8")
-
-
 def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
     """(head-dim rows, warps) per program of the conventional / non-flush step, measured on
     the H200 at batch 256 (reports/kernels):
@@ -1176,117 +947,6 @@ def mamba2_step_knobs(cfg, P: int, N: int) -> tuple[int, int]:
     return bp, 1
 
 
-SMALL_GRID_PROGRAMS = 512
-SMALL_GRID_PROGRAMS_FP32 = 1024
-FUSED_PREP_MAX_BATCH = 4
-
-
-def fused_prep_default(batch: int) -> bool:
-    """Whether a decode step skips its ring-products launch and lets every non-flush program
-    form its group's / key head's products (``FUSED_PREP``): at small batch a launch costs
-    more than the repeated products (reports/kernels/tune_r35_fused_prep.log)."""
-    return batch <= FUSED_PREP_MAX_BATCH
-
-
-ONE_LAUNCH_MAX_BATCH = 4
-ONE_LAUNCH_PASSES_MAX_BATCH = 8
-ONE_LAUNCH_MAX_BATCH_CONV = 1
-ONE_LAUNCH_MAX_STATE = 1 << 21
-
-
-def keeps_counters(cfg, capacity: int) -> bool:
-    """Whether a step advances the cursor and flush index: every ReplaySSM step, and a
-    conventional one (no ring) only with SR, whose key is the flush index. Without SR a
-    conventional step writes its state with no key and needs neither counter, so it skips
-    the ticket atomic that ends each program of a one-launch step and the separate advance
-    launch of larger batches: measured on the H200 with every state from HBM, FP32 steps
-    0.1-0.4 us faster at batch 1 and 2.0 us at batch 4 (Qwen3.5-4B 9.1 -> 7.1 us,
-    Nemotron-3-Super 13.4 -> 11.4; reports/kernels/tune_r203_conv_advance.log)."""
-    return capacity > 0 or cfg.uses_sr
-
-
-def one_launch_default(batch: int, conventional: bool = False, step_state: int = 0,
-                       light_flush: bool = False, passes: bool = False) -> bool:
-    """Whether a decode step is one launch (``finish_row``), measured on the H200 with every
-    state from HBM:
-
-    * a conventional step at batch 1 only (Super 5.6 -> 4.8 us at batch 1, but 9.7 -> 10.7 us
-      at batch 4, where a row's 512 programs queue on its counter;
-      reports/kernels/tune_r93_ticket.log);
-    * a ReplaySSM step up to batch 4 (replay-fp32 window on Nemotron-3-Nano-4B 7.1 -> 4.9 us
-      at batch 1, tune_r93_ticket.log) while the step's state, ``step_state`` = batch x heads
-      x state elements, is at most ``ONE_LAUNCH_MAX_STATE`` (2^21: Qwen3.5-4B at batch 4,
-      the other paper shapes at batch 2). Its flushing rows flush on the step's own tiles,
-      one after the other in each program, and above that size the serial flush costs more
-      than the launch it saves: at batch 4 the NVFP4 read over an fp16-SR checkpoint
-      takes 11.7 -> 9.6 us as two launches on Nemotron-3-Super, 22.8 -> 10.2 on Nano-4B,
-      15.1 -> 10.4 on Qwen3.5-122B (tune_r211_small_batch_b4hbm.log, tune_r212_b4.log);
-      at batch 2 one launch still wins (5.9 against 8.2 us on Super, tune_r212_b2.log).
-      Smaller one-launch tiles did not rescue it (8 rows: 11.9 us on Super).
-    * above that size still one launch when the flush is light (``light_flush``: GDN's plain
-      fp32 checkpoint, no read copy): Qwen3.5-122B's replay-fp32 window at batch 4, 10.7
-      against 12.2 us as two launches.
-
-    * up to ``ONE_LAUNCH_PASSES_MAX_BATCH`` (8), whatever the state's size, when the step's
-      programs flush in row passes (``passes``: Mamba-2's ReplaySSM steps,
-      ``flush_passes_default``, ``step_flush_default``), so the flush holds no more registers
-      than a pass: Nemotron-3-Super's replay-fp32 window 8.8 -> 6.7 us at batch 4 and 12.7
-      -> 9.6 at 8 (reports/kernels/tune_r265_step_flush_batches.log).
-
-    Larger batches keep the lean non-flush launch and the persistent flush, whose tiles are
-    tuned apart (the one-launch flush folds on one-warp step tiles: 274 against 58 us at
-    batch 16, tune_r92_one_launch.log; in passes 52.5-56.0 against 51.2, and at batch 256
-    698-798 against 629 us with the non-flush steps no faster, tune_r263_step_flush.log)."""
-    if conventional:
-        return batch <= ONE_LAUNCH_MAX_BATCH_CONV
-    if passes:
-        return batch <= ONE_LAUNCH_PASSES_MAX_BATCH
-    return batch <= ONE_LAUNCH_MAX_BATCH and (step_state <= ONE_LAUNCH_MAX_STATE or light_flush)
-
-
-def resolve_one_launch(one_launch: bool | None, batch: int, flush_knobs: tuple = (),
-                       conventional: bool = False, step_state: int = 0,
-                       light_flush: bool = False, passes: bool = False) -> bool:
-    """The one-launch choice of a step: unless given, the default for the batch, step kind
-    and size (``one_launch_default``), and off when any knob of the persistent flush
-    (``flush_knobs``) is set, since that asks for that flush; asking for both is refused."""
-    if one_launch and any(k is not None for k in flush_knobs):
-        raise ValueError("the flush knobs set the persistent flush launch; one_launch=True "
-                         "flushes on the step's own tiles, folding records one by one")
-    if one_launch is None:
-        return (one_launch_default(batch, conventional, step_state, light_flush, passes)
-                and all(k is None for k in flush_knobs))
-    return one_launch
-
-
-def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int,
-                    one_launch: bool = False) -> int:
-    """Rows per program of a ReplaySSM non-flush step at small batch, halved while the grid
-    would hold fewer programs than a floor, whose one warp each is then latency-bound; batch
-    sizes with full grids keep ``rows``, and conventional steps never change. Measured on the
-    H200 at batch 1 (16 steps per CUDA graph):
-
-    * reading an fp8 / NVFP4 copy: down to 16 rows below ``SMALL_GRID_PROGRAMS`` (512)
-      programs; NVFP4 non-flush on Nemotron-3-Super 8.4 -> 7.1 us, Qwen3.5-4B 9.4 -> 7.8 us,
-      Qwen3.5-122B 9.5 -> 7.9 us (reports/kernels/tune_r31_batch1_tiles.log);
-    * reading the fp32 state itself: down to 8 rows below ``SMALL_GRID_PROGRAMS_FP32``
-      (1024) programs; the replay-fp32 window on Nemotron-3-Nano-4B 7.9 -> 6.9 us, Super
-      8.6 -> 6.9 us, Qwen3.5-4B 7.9 -> 6.9 us, Qwen3.5-122B 8.2 -> 7.6 us
-      (reports/kernels/tune_r90_batch1.log);
-    * one launch per step (``one_launch``), whose programs also flush: down to 8 rows below
-      ``SMALL_GRID_PROGRAMS_FP32`` for every read, since the flush then runs on these tiles;
-      the NVFP4 read over an fp16-SR checkpoint at batch 1, Nemotron-3-Super 5.3 -> 5.0 us,
-      Qwen3.5-122B 6.5 -> 5.9 us (flush 18.5 -> 9.3 and 28.5 -> 12.1 us,
-      reports/kernels/tune_r94_batch1_warps.log)."""
-    if cfg.L == 1:
-        return rows
-    floor, least = ((SMALL_GRID_PROGRAMS, 16) if reads_narrow_copy(cfg) and not one_launch
-                    else (SMALL_GRID_PROGRAMS_FP32, 8))
-    while rows > least and batch * heads * triton.cdiv(dim, rows) < floor:
-        rows //= 2
-    return rows
-
-
 # Mamba-2 flush knobs (fold, tile rows, warps) measured fastest on the H200 at batch 256 for
 # Nemotron-3-Nano-4B and -Super (reports/kernels/tune_r12_flush_fold.log; the read-copy
 # flushes of an fp32 checkpoint with one-warp tiles: tune_r39_flush_warps_m2.log; the plain
@@ -1302,7 +962,7 @@ def small_grid_rows(cfg, rows: int, dim: int, heads: int, batch: int,
 # checkpoint's bf16x3 products on 16-row one-warp tiles, 947 -> 518 us and Nano-4B 877 ->
 # 471 (two warps 666-736 and 626-687 us): tune_r147_fp8_tiles.log, tune_r148_fp8_stages.log),
 # keyed by (checkpoint format, SR, read-copy format); other
-# configs keep (dot, 32, _flush_warps).
+# configs keep (dot, 32, flush_warps_default).
 MAMBA2_FLUSH_KNOBS: dict[tuple[str, bool, str | None], tuple[str, int, int]] = {
     ("fp32", False, None): ("dot", 16, 1),
     ("fp32", False, "nvfp4"): ("records", 8, 1),
@@ -1320,7 +980,7 @@ def _flush_key(cfg) -> tuple[str, bool, str | None]:
 
 def mamba2_flush_knobs(cfg) -> tuple[str, int, int]:
     """(flush_fold, flush tile rows, flush warps) defaults for a config."""
-    return MAMBA2_FLUSH_KNOBS.get(_flush_key(cfg), ("dot", 32, _flush_warps(cfg)))
+    return MAMBA2_FLUSH_KNOBS.get(_flush_key(cfg), ("dot", 32, flush_warps_default(cfg)))
 
 
 # Register caps of Mamba-2 flush programs on their default tiles (``MAMBA2_FLUSH_KNOBS``),
@@ -1343,63 +1003,6 @@ def mamba2_flush_maxnreg_default(cfg, rows: int, warps: int) -> int | None:
     against 155.1 / 161.2 us at batch 256, tune_r253_m2_flush_tiles.log)."""
     cap = MAMBA2_FLUSH_MAXNREG.get(_flush_key(cfg))
     return cap if cap is not None and (rows, warps) == mamba2_flush_knobs(cfg)[1:] else None
-
-
-FLUSH_FOLDS = ("dot", "records")
-FOLD_PRECISIONS = ("ieee", "tf32x3", "bf16x3")
-
-
-def fold_precision(flush_precision: str | None, ring_dtype: torch.dtype | None = None,
-                   default: str = "ieee") -> str:
-    """``flush_precision``: the input precision of the flush's matrix products (the ``"dot"``
-    fold, GDN's u recompute): ``"ieee"`` (fp32 FMAs), ``"tf32x3"`` (tensor cores, each fp32
-    operand as a TF32 head and tail) or ``"bf16x3"`` (tensor cores: the fp32 operand as three
-    bf16 pieces against ring vectors that are bf16 already, Mamba-2's B_j and GDN's k_j, so
-    every product is exact and only the fp32 accumulation rounds; needs a bf16 ring,
-    ``ring_dtype``). None takes ``default`` (``default_fold_precision``)."""
-    prec = flush_precision or default
-    if prec not in FOLD_PRECISIONS:
-        raise ValueError(f"flush_precision must be one of {FOLD_PRECISIONS}, got {flush_precision!r}")
-    if prec == "bf16x3" and ring_dtype is not None and ring_dtype != torch.bfloat16:
-        raise ValueError(f"flush_precision='bf16x3' needs a bf16 ring (bf16 activations), "
-                         f"got {ring_dtype}")
-    return prec
-
-
-def default_fold_precision(cfg, records: bool, rows: int, ring_dtype: torch.dtype) -> str:
-    """The flush's default ``flush_precision``: ``"bf16x3"`` for the ``"dot"`` fold without a
-    u recompute, on tiles of 16+ rows (an MMA's least) over a bf16 ring; else ``"ieee"``.
-    Measured on the H200 at batch 256 against fp32 FMAs on 16-row one-warp tiles
-    (reports/kernels/tune_r73_*_fp32_flush_bf16x3.log): the GDN fp32 flush Qwen3.5-4B 461 ->
-    418 us, 122B 906 -> 817 us, and with 3 pipelining stages 362 / 709 us
-    (``gdn_flush_stages``, tune_r74_fp32_flush_stages.log); Mamba-2 Nemotron-3-Nano-4B 657 ->
-    648 us, Super 673 -> 660 us; the fp8 checkpoint's (shared-fp8) GDN flush on 16-row tiles
-    541 -> 371 us (4B) and 1057 -> 712 us (122B, tune_r147_fp8_tiles.log); on Super's
-    16-row four-warp tiles the nvfp4-read/fp16-sr flush 2325 (fp32 FMAs) -> 2094 us
-    (tune_r146_dot_fold.log). Narrow checkpoints with a read copy keep their record folds
-    (``MAMBA2_FLUSH_KNOBS``): in the MMA layout their SR and encode cost more than the FMA
-    fold saves (the same log: 1409 us on 4-row record tiles)."""
-    ok = (not records and rows >= 16 and ring_dtype == torch.bfloat16
-          and not cfg.recompute_u)
-    return "bf16x3" if ok else "ieee"
-
-
-def _records(flush_fold: str | None) -> bool:
-    """``flush_fold``: how a flush folds the window into the checkpoint. ``"dot"`` (default)
-    stages the window's records as matrices and folds them with one fp32 ``tl.dot``;
-    ``"records"`` adds one rank-1 update per record, newest first, loading each record's
-    vectors from the ring (no shared-memory staging, fewer registers)."""
-    fold = flush_fold or "dot"
-    if fold not in FLUSH_FOLDS:
-        raise ValueError(f"flush_fold must be one of {FLUSH_FOLDS}, got {flush_fold!r}")
-    return fold == "records"
-
-
-def advance_cursor(cache: ReplayCache, slots: torch.Tensor) -> None:
-    """Move each row's cursor one record on (wrapping at L, counting the flush)."""
-    n = slots.shape[0]
-    _advance_kernel[(triton.cdiv(n, 256),)](slots, cache.cursor, cache.flush_index, L=cache.cfg.L,
-                                            BLOCK=256, nrows=n)
 
 
 # ------------------------------------------------------------------------------ speculative
@@ -1587,131 +1190,16 @@ def _mamba2_fold_kernel(
                 tl.atomic_add(nan_ptr, nans)
 
 
-@triton.jit
-def _shift_ring_kernel(slots_ptr, acc_ptr, cur_ptr, fi_ptr, r_ptr, s_r, heads, inner,
-                       L: tl.constexpr, CAP: tl.constexpr, BI: tl.constexpr):
-    """Commit, part 2 (one ring tensor ``(slots, heads, CAP, inner)``): on rows that folded,
-    move records L..cursor-1 to the ring's start."""
-    b = tl.program_id(0)
-    hh = tl.program_id(1)
-    slot = tl.load(slots_ptr + b)
-    if slot >= 0:
-        c = tl.load(cur_ptr + slot) + tl.load(acc_ptr + b)
-        if c >= L:
-            e = tl.arange(0, BI)
-            me = e < inner
-            for jj in tl.static_range(CAP - L):
-                m = me & ((e * 0 + jj) < c - L)
-                v = tl.load(r_ptr + slot * s_r + (hh * CAP + L + jj) * inner + e, mask=m)
-                tl.store(r_ptr + slot * s_r + (hh * CAP + jj) * inner + e, v, mask=m)
-
-
-@triton.jit
-def _commit_cursor_kernel(slots_ptr, acc_ptr, cur_ptr, fi_ptr, L: tl.constexpr,
-                          BLOCK: tl.constexpr, nrows):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < nrows
-    slot = tl.load(slots_ptr + i, mask=m, other=-1)
-    ok = m & (slot >= 0)
-    c = tl.load(cur_ptr + slot, mask=ok, other=0) + tl.load(acc_ptr + i, mask=ok, other=0)
-    fold = c >= L
-    tl.store(cur_ptr + slot, tl.where(fold, c - L, c), mask=ok)
-    fi = tl.load(fi_ptr + slot, mask=ok, other=0)
-    tl.store(fi_ptr + slot, tl.where(fold, fi + 1, fi), mask=ok)
-
-
-def shift_and_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    """Shift the rings of folded rows and move every row's cursor past its accepted drafts."""
-    n = slots.shape[0]
-    L, cap = cache.cfg.L, cache.capacity
-    if cap > L:
-        for t in cache.ring.values():
-            inner = t[0, 0, 0].numel()
-            _shift_ring_kernel[(n, t.shape[1])](
-                slots, accepted, cache.cursor, cache.flush_index, t, slot_stride(t), t.shape[1],
-                inner, L=L, CAP=cap, BI=max(16, triton.next_power_of_2(inner)))
-    _commit_cursor_kernel[(triton.cdiv(n, 256),)](slots, accepted, cache.cursor,
-                                                  cache.flush_index, L=L, BLOCK=256, nrows=n)
-
-
-DOT_PRECISIONS = ("auto", "bf16x3", "tf32x3", "ieee")
-
-
-def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
-    """The verify's state product (H200, batch 256, reports/kernels/verify_r22_sweep.log,
-    check_r22_verify.log; output error relative to the reference at the paper shapes):
-
-    * ``"bf16x3"``: the state as the bf16 pieces that hold its values (``split_dot``: one for
-      bf16 / fp8 / NVFP4 states without their row scale, two for fp16, three for fp32) times
-      bf16 activations, so every product is exact; the tensor cores' fp32 accumulation still
-      rounds (1.9-2.4e-7 with one piece, 4.1-4.4e-7 with three);
-    * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products
-      (2.1-2.5e-7);
-    * ``"ieee"``: fp32 FMAs (1.0-1.5e-7), 2-4x slower;
-    * ``"auto"`` (default): ``bf16x3`` for bf16 activations (against ``tf32x3``: NVFP4 read
-      copies 1.6-1.7x faster, fp32 states as fast on Nemotron-3-Super and Qwen3.5 and 1.2x
-      faster on Nemotron-3-Nano-4B), else ``tf32x3``."""
-    if dot_precision not in DOT_PRECISIONS:
-        raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got {dot_precision!r}")
-    bf16 = act_dtype == torch.bfloat16
-    if dot_precision == "auto":
-        return "bf16x3" if bf16 else "tf32x3"
-    if dot_precision == "bf16x3" and not bf16:
-        raise ValueError(f"dot_precision='bf16x3' needs bf16 activations, got {act_dtype}")
-    return dot_precision
-
-
-def split_terms(fmt_code: int) -> int:
-    """bf16 pieces that hold a stored state value exactly (row scale aside): 3 for fp32, 2 for
-    fp16, 1 for bf16 / fp8 / NVFP4."""
-    return {0: 3, 1: 2}.get(fmt_code, 1)
-
-
-def verify_chunk(n: int, chunk: int) -> int:
-    """Inner-dimension chunk of the verify's fp32 products: the largest power of two up to
-    ``chunk`` that divides n (at least 16, the smallest ``tl.dot`` operand)."""
-    if chunk < 16 or chunk & (chunk - 1):
-        raise ValueError(f"chunk must be a power of two >= 16, got {chunk}")
-    if n % 16:
-        raise ValueError(f"the speculative verify needs a state width divisible by 16, got {n}")
-    while n % chunk:
-        chunk //= 2
-    return chunk
-
-
 def verify_block(P: int) -> int:
     """Head-dim rows per verify program: 64 or 32, whichever pads P least (64 on a tie);
     Nemotron-3-Nano-4B's 80 rows take 32 (reports/kernels/verify_r21_sweep.log)."""
     return min((64, 32), key=lambda b: (triton.cdiv(P, b) * b, -b))
 
 
-VERIFY_MAXNREG = 168
-VERIFY_CAP_MIN_BATCH = 256
-
-
-def verify_maxnreg_default(batch: int) -> int | None:
-    """Registers per thread of the speculative verify programs (both kinds) by default:
-    ``VERIFY_MAXNREG`` from batch 256, else no cap. Uncapped they take 254-255 (4 two-warp
-    GDN programs or 8 one-warp Mamba-2 programs per SM) and a large batch's verify is bound
-    by latency at that occupancy; at 168 an SM holds 6 / 12 of them with no spill in the
-    state loop. Measured on the H200 (reports/kernels/tune_r116/r117/r118_verify_*.log), no
-    cap -> 168 at batch 256: Qwen3.5-4B replay-fp32 271.5 -> 266.3-267.7 us (a conventional
-    step 265.0), nvfp4-read/fp16-sr 217.9 -> 194.5 us; Qwen3.5-122B nvfp4-read/fp16-sr 403.6
-    -> 355.7-358.5 us, replay-fp32 505-507 -> 497-517 us (spread); Nemotron-3-Super
-    replay-fp32 395.9 -> 366.5-371.9 us, nvfp4-read/fp16-sr 285.3 -> 252.2 us; Nano-4B 447.7
-    -> 446.4 and 349.8 -> 342.4 us. At batch 64 three of four cases gained 5-8% and
-    Qwen3.5-4B replay-fp32 lost 4%; at batch 1, where the grid is small, the cap cost
-    0.9-1.1 us in three of four. 144 spilled inside the GDN state loop (296 us at 256), 128
-    was mixed for Mamba-2 (Super replay-fp32 457 us)."""
-    return VERIFY_MAXNREG if batch >= VERIFY_CAP_MIN_BATCH else None
-
-
-
-
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                   num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto",
                   tile_first: bool = True, pdl: bool = False,
-                  maxnreg: int | None | object = _DEFAULT) -> torch.Tensor:
+                  maxnreg: int | None | object = DEFAULT) -> torch.Tensor:
     """Speculative verify: x (B, T, H, P), dt (B, T, H), Bm/C (B, T, G, N) -> y (B, T, H, P).
     Appends the T drafts after each row's committed records; ``mamba2_commit`` accepts a
     prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
@@ -1743,7 +1231,7 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     act = {C.dtype, Bm.dtype, cache.ring["B"].dtype}
     KC = verify_chunk(N, chunk)
     prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
-    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is _DEFAULT else maxnreg)
+    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is DEFAULT else maxnreg)
     y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     BP = min(block_p, max(16, triton.next_power_of_2(P)))
@@ -1754,11 +1242,11 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
                                          T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB, KC=KC,
                                          PREC=prec, PDL=use_pdl, num_warps=1)
     _mamba2_verify_kernel[step_grid(Bsz, H, triton.cdiv(P, BP), tile_first)](
-        x, dt, A, Bm, C, D if D is not None else A, slots, y, *_state_args(src, slots),
+        x, dt, A, Bm, C, D if D is not None else A, slots, y, *state_args(src, slots),
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br), cache.cursor, cb,
         T=T, TB=TB, H=H, P=P, N=N, G=G, CAP=cache.capacity, LB=LB,
-        SRC_FMT=_fmt(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec,
-        SMALL="tf32x3" if prec == "bf16x3" else prec, TERMS=split_terms(_fmt(src)),
+        SRC_FMT=fmt_code(src), HAS_D=D is not None, BP=BP, KC=KC, PREC=prec,
+        SMALL="tf32x3" if prec == "bf16x3" else prec, TERMS=split_terms(fmt_code(src)),
         TILE_FIRST=tile_first, PDL=use_pdl, launch_pdl=use_pdl, num_warps=num_warps, **cap)
     return y
 
@@ -1778,10 +1266,10 @@ def mamba2_commit(cache: ReplayCache, accepted: torch.Tensor, A, slots, *,
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     BP = min(block_p, triton.next_power_of_2(P))
     _mamba2_fold_kernel[(slots.shape[0], H, triton.cdiv(P, BP))](
-        A, slots, accepted, *_state_args(cache.ckpt, slots), *_state_args(cache.read, slots),
+        A, slots, accepted, *state_args(cache.ckpt, slots), *state_args(cache.read, slots),
         xr, dtr, Br, slot_stride(xr), slot_stride(dtr), slot_stride(Br),
         cache.cursor, cache.flush_index, cache.nan_count, cache.seed, cache.layer,
         H=H, P=P, N=N, G=G, L=cfg.L, CAP=cache.capacity,
-        LB=max(16, triton.next_power_of_2(cache.capacity)), CK_FMT=_fmt(cache.ckpt),
-        RD_FMT=_fmt(cache.read), SR=cfg.uses_sr, BP=BP, num_warps=num_warps)
+        LB=max(16, triton.next_power_of_2(cache.capacity)), CK_FMT=fmt_code(cache.ckpt),
+        RD_FMT=fmt_code(cache.read), SR=cfg.uses_sr, BP=BP, num_warps=num_warps)
     shift_and_commit(cache, accepted, slots)

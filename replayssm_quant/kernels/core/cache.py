@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..formats import canonical_format
-from ..precision import PrecisionConfig
+from ...formats import canonical_format
+from ...precision import PrecisionConfig
 
 _STORAGE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
             "fp8e4m3": torch.float8_e4m3fn, "nvfp4": torch.uint8}
@@ -144,7 +144,7 @@ def state_fields() -> tuple[str, ...]:
 def cache_from_reference(state) -> ReplayCache:
     """A kernel cache that shares its tensors with a reference ``ssm`` state (same layouts),
     so kernels and the reference can be stepped side by side."""
-    from ..ssm.gdn import GDNState
+    from ...ssm.gdn import GDNState
 
     def st(q):
         if q is None:
@@ -168,10 +168,10 @@ def reference_state(cache: ReplayCache):
     """The pure-torch reference's state (``ssm.mamba2`` / ``ssm.gdn``) over the cache's own
     tensors, so reference steps update the cache in place: the decode entry points run the
     reference this way on devices without Triton."""
-    from ..formats import QTensor, canonical_format
-    from ..ssm.gdn import GDNState
-    from ..ssm.mamba2 import Mamba2State
-    from ..ssm.replay import make_sr_sequence
+    from ...formats import QTensor, canonical_format
+    from ...ssm.gdn import GDNState
+    from ...ssm.mamba2 import Mamba2State
+    from ...ssm.replay import make_sr_sequence
 
     def qt(st: StateTensors | None):
         if st is None:

@@ -1,0 +1,218 @@
+"""The launch knobs' allowed values and their checks, shared by the planner and the launchers:
+flush folds and product precisions, programmatic-launch edges, narrow-source decodes, the
+verify's product precision and chunking.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .core.target import Target
+
+DEFAULT = object()  # a knob left at its default (None is a value: no cap)
+
+
+FLUSH_FOLDS = ("dot", "records")
+
+
+FOLD_PRECISIONS = ("ieee", "tf32x3", "bf16x3")
+
+
+def fold_precision(flush_precision: str | None, ring_dtype: torch.dtype | None = None,
+                   default: str = "ieee") -> str:
+    """``flush_precision``: the input precision of the flush's matrix products (the ``"dot"``
+    fold, GDN's u recompute): ``"ieee"`` (fp32 FMAs), ``"tf32x3"`` (tensor cores, each fp32
+    operand as a TF32 head and tail) or ``"bf16x3"`` (tensor cores: the fp32 operand as three
+    bf16 pieces against ring vectors that are bf16 already, Mamba-2's B_j and GDN's k_j, so
+    every product is exact and only the fp32 accumulation rounds; needs a bf16 ring,
+    ``ring_dtype``). None takes ``default`` (``default_fold_precision``)."""
+    prec = flush_precision or default
+    if prec not in FOLD_PRECISIONS:
+        raise ValueError(f"flush_precision must be one of {FOLD_PRECISIONS}, got {flush_precision!r}")
+    if prec == "bf16x3" and ring_dtype is not None and ring_dtype != torch.bfloat16:
+        raise ValueError(f"flush_precision='bf16x3' needs a bf16 ring (bf16 activations), "
+                         f"got {ring_dtype}")
+    return prec
+
+
+def records_fold(flush_fold: str | None) -> bool:
+    """``flush_fold``: how a flush folds the window into the checkpoint. ``"dot"`` (default)
+    stages the window's records as matrices and folds them with one fp32 ``tl.dot``;
+    ``"records"`` adds one rank-1 update per record, newest first, loading each record's
+    vectors from the ring (no shared-memory staging, fewer registers)."""
+    fold = flush_fold or "dot"
+    if fold not in FLUSH_FOLDS:
+        raise ValueError(f"flush_fold must be one of {FLUSH_FOLDS}, got {flush_fold!r}")
+    return fold == "records"
+
+
+def check_step_flush(rows: int | None, fold: str | None, one_launch: bool, BP: int, BP2: int,
+                     ring_dtype: torch.dtype) -> tuple[int, str]:
+    """(rows per pass, fold) of a one-launch program's flush (``step_flush_rows`` /
+    ``step_flush_fold``): passes must divide the program's row passes (``BP``, ``BP2``), and
+    the ``"dot"`` fold needs 16+ rows (an MMA's least) and a bf16 ring, as the persistent
+    flush's bf16x3 products do. Refused without ``one_launch``, where no step program flushes."""
+    if rows is None and fold is None:
+        return 0, "records"
+    if not one_launch:
+        raise ValueError("step_flush_rows / step_flush_fold set how a one-launch step's "
+                         "programs flush; they need one_launch=True")
+    fold = fold or "records"
+    if fold not in FLUSH_FOLDS:
+        raise ValueError(f"step_flush_fold must be one of {FLUSH_FOLDS}, got {fold!r}")
+    rows = rows or (BP if not BP2 else min(BP, BP2))
+    if rows <= 0 or rows & (rows - 1) or BP % rows or (BP2 and BP2 % rows):
+        raise ValueError(f"step_flush_rows must be a power of two dividing the program's rows "
+                         f"({BP}" + (f" + {BP2}" if BP2 else "") + f"), got {rows}")
+    if fold == "dot":
+        if rows < 16:
+            raise ValueError(f"step_flush_fold='dot' needs step_flush_rows >= 16, got {rows}")
+        fold_precision("bf16x3", ring_dtype)
+    return rows, fold
+
+
+PDL_EDGES = ("prep", "flush")
+
+
+def pdl_edges_of(pdl: bool | str | None) -> tuple[str, ...]:
+    """The launch edges ``pdl`` makes programmatic: ``"prep"`` (the non-flush launch after
+    the ring products), ``"flush"`` (the flush after the non-flush launch), both for
+    ``True`` / None."""
+    if isinstance(pdl, str):
+        if pdl not in PDL_EDGES:
+            raise ValueError(f"pdl must be a bool or one of {PDL_EDGES}, got {pdl!r}")
+        return (pdl,)
+    return PDL_EDGES
+
+
+def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
+    """Whether a ReplaySSM step's launches after its first overlap the launch before them
+    (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
+    (None) wherever the GPU has it (sm_90+); asking for it is refused on an older GPU, whose
+    compiler has no ``griddepcontrol``. Under the interpreter (CPU tensors) it runs the same
+    kernels, whose waits are no-ops there. A one-launch step (``one_launch_default``: small
+    batches) has no edge to overlap.
+
+    Measured on the H200, replay-fp32 window without -> with:
+
+    * batch 16: Nemotron-3-Super 32.6 -> 29.2 us, Qwen3.5-4B 18.4 -> 15.7 us (the
+      conventional FP32 step takes 16.0 us there); nvfp4-read/fp16-sr 17.8 -> 16.2 and
+      14.5 -> 12.2 us (reports/kernels/tune_r110_pdl_*.log);
+    * batch 64 and 128: 1-7% faster (tune_r112_pdl_b*.log);
+    * batch 256 (tune_r173_pdl_trigger_b256.log, two runs each): Nemotron-3-Nano-4B 288.6 /
+      287.5 -> 283.5 / 283.4 us, Super 299.0 / 299.4 -> 297.9 / 298.5, Qwen3.5-4B 169.8 /
+      169.3 -> 166.4 / 166.0, Qwen3.5-122B 318.4 / 319.2 -> 315.6 / 318.2; nvfp4-read/fp16-sr
+      1.8-3.7 us faster on every shape;
+    * batch 512 (tune_r173_pdl_trigger_b512.log): Nano-4B 563.7 -> 558.2 us, Qwen3.5-4B 324.0
+      -> 321.3, Super and 122B within 0.6 us.
+
+    Batch 256 and 512 kept plain launches until the non-flush programs of flushing rows
+    stopped releasing the flush launch (``release_dependents`` only in non-flushing rows'
+    programs): with a release in each of a flush step's tens of thousands of exiting
+    programs the flush step took ~21 us longer (tune_r172_pdl_flush_b256.log: Super 623.5 ->
+    644.6 us, Qwen3.5-4B 349.5 -> 370.4; after the change 619.1 -> 620.2 and 347.7 -> 349.5)."""
+    pdl_edges_of(pdl)
+    target = Target.of(device)
+    if pdl is None:
+        return target.programmatic_launch
+    if pdl and target.cuda and not target.programmatic_launch:
+        raise ValueError("pdl needs an sm_90 or newer GPU (programmatic dependent launch)")
+    return bool(pdl)
+
+
+NVFP4_DECODES = ("e4m3", "words", "mma")
+
+
+def nvfp4_decode_of(mode: str | None) -> str:
+    """How a Mamba-2 non-flush step decodes its NVFP4 source: ``"e4m3"`` (default: each
+    int32 word's nibbles placed into E4M3 bytes, then the hardware's fp8 -> fp16
+    conversion, ``common.e2m1_words_fp16``) or ``"words"`` (three integer operations per
+    element into fp32 bit patterns, ``common.e2m1_word_scaled``). Measured on the H200 at
+    batch 256: the NVFP4 non-flush step on Nemotron-3-Nano-4B 90.7 -> 76.3 us, Super 81.1 ->
+    75.8 us in one A/B run (reports/kernels/tune_r103_decode_*.log), 80-91 -> 74-85 us across
+    every NVFP4 preset against the previous sweep (decode_r105 against decode_r100); at batch
+    1 the NVFP4 + FP16-SR window on Super 4.8 -> 4.6 us (tune_r104_b1_*.log). GDN's steps,
+    which dot each row with two vectors, keep ``"words"``: there the decoded tile held for
+    both products made Qwen3.5-4B's step 63.2 -> 70.7 us even in 64-column chunks
+    (tune_r104_gdn_*.log). ``"mma"``: the E4M3-byte decode times each block's scale in fp16
+    (exact), and the state product on tensor cores against C's fp16 pieces, which the
+    ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
+    Compiled for sm_90 (Triton 3.6), Nemotron-3-Super's 64-row program takes 1376
+    instructions instead of 1632 (5.4 per element against the 6.8 that 85% of copy
+    bandwidth leaves) and 112 registers instead of 72 (16 programs per SM instead of 28).
+    Not yet timed on the H200, so not a default."""
+    mode = mode or "e4m3"
+    if mode not in NVFP4_DECODES:
+        raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
+    return mode
+
+
+FP8_DECODES = ("cvt", "words")
+
+
+def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "cvt") -> str:
+    """How a non-flush step decodes an fp8 read source (the plan's ``decode``; "" for any
+    other source): ``"cvt"`` (byte tiles through the hardware's fp8 conversion) or
+    ``"words"`` (int32 words, three integer operations per element into fp32 bit patterns,
+    ``common.e4m3_word_scaled``, in the NVFP4 words' thread arrangement); None takes
+    ``default``. The Mamba-2 steps keep ``"cvt"``: at batch 1 with every state from HBM the
+    words gained nothing on the Nemotron shapes (-0.1 to +0.2 us, reports/kernels/
+    tune_r220_b1_hbm*.log), and at batch 256 the non-flush step took 158.6 against 85.5 us
+    on Super (tune_r221_mamba2_fp8.log)."""
+    mode = mode or default
+    if mode not in FP8_DECODES:
+        raise ValueError(f"fp8_decode must be one of {FP8_DECODES}, got {mode!r}")
+    return "words8" if mode == "words" and capacity and source.startswith("fp8") else ""
+
+
+DOT_PRECISIONS = ("auto", "bf16x3", "tf32x3", "ieee")
+
+
+def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
+    """The verify's state product (H200, batch 256, reports/kernels/verify_r22_sweep.log,
+    check_r22_verify.log; output error relative to the reference at the paper shapes):
+
+    * ``"bf16x3"``: the state as the bf16 pieces that hold its values (``split_dot``: one for
+      bf16 / fp8 / NVFP4 states without their row scale, two for fp16, three for fp32) times
+      bf16 activations, so every product is exact; the tensor cores' fp32 accumulation still
+      rounds (1.9-2.4e-7 with one piece, 4.1-4.4e-7 with three);
+    * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products
+      (2.1-2.5e-7);
+    * ``"ieee"``: fp32 FMAs (1.0-1.5e-7), 2-4x slower;
+    * ``"auto"`` (default): ``bf16x3`` for bf16 activations (against ``tf32x3``: NVFP4 read
+      copies 1.6-1.7x faster, fp32 states as fast on Nemotron-3-Super and Qwen3.5 and 1.2x
+      faster on Nemotron-3-Nano-4B), else ``tf32x3``."""
+    if dot_precision not in DOT_PRECISIONS:
+        raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got {dot_precision!r}")
+    bf16 = act_dtype == torch.bfloat16
+    if dot_precision == "auto":
+        return "bf16x3" if bf16 else "tf32x3"
+    if dot_precision == "bf16x3" and not bf16:
+        raise ValueError(f"dot_precision='bf16x3' needs bf16 activations, got {act_dtype}")
+    return dot_precision
+
+
+def split_terms(fmt_code: int) -> int:
+    """bf16 pieces that hold a stored state value exactly (row scale aside): 3 for fp32, 2 for
+    fp16, 1 for bf16 / fp8 / NVFP4."""
+    return {0: 3, 1: 2}.get(fmt_code, 1)
+
+
+def verify_chunk(n: int, chunk: int) -> int:
+    """Inner-dimension chunk of the verify's fp32 products: the largest power of two up to
+    ``chunk`` that divides n (at least 16, the smallest ``tl.dot`` operand)."""
+    if chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= 16, got {chunk}")
+    if n % 16:
+        raise ValueError(f"the speculative verify needs a state width divisible by 16, got {n}")
+    while n % chunk:
+        chunk //= 2
+    return chunk
+
+
+def check_prep_groups(prep_groups: int | None, groups: int, what: str) -> None:
+    """Refuse a ``prep_groups`` that is not a power of two dividing the layer's ``what``."""
+    if prep_groups is not None and (prep_groups < 1 or prep_groups & (prep_groups - 1)
+                                    or groups % prep_groups):
+        raise ValueError(f"prep_groups must be a power of two dividing the {what} ({groups}), "
+                         f"got {prep_groups}")
