@@ -2,26 +2,23 @@
 shapes, counted state bytes, achieved bandwidth as a fraction of a device-to-device copy
 measured in the same run, and the ratio to our conventional FP32 step.
 
-    python benchmarks/decode.py --out reports/kernels            # full sweep
-    python benchmarks/decode.py --batch 256 --L 16                # one batch, one L
+    python -m benchmarks.decode --out reports/kernels            # full sweep
+    python -m benchmarks.decode --batch 256 --L 16                # one batch, one L
+    python -m benchmarks.decode targets A.json B.json --out targets.md   # the speed targets
 
 Each measurement replays a CUDA graph: whole windows of L steps, 16 steps to a graph (two
 windows at L = 8; window average), the window's flush step from every cursor at L-1 (4
 copies to a graph, each after a cursor reset whose time is taken off: ``time_flush``), and
 the window's L-1 non-flush steps from every cursor at 0 (as many copies to a graph as the
-window graph has windows, the reset again taken off: ``time_nonflush``; until
-``decode_r258`` the non-flush average was derived from the other two, and the rows still
-carry that as ``nonflush_derived_us``). Configs without a window
+window graph has windows, the reset again taken off: ``time_nonflush``; the rows also
+carry the average derived from the other two as ``nonflush_derived_us``, as older sweeps
+gave it). Configs without a window
 (conventional steps, FLA's peer kernel) are timed 16 steps to a graph as well, so every
 config holds the same share of a graph's start. Each timed replay, and each timed copy, waits
 on the GPU behind a spin kernel (``--hold-us``, 100 us) while the host queues it, so the time
-is the GPU's alone: without the hold, the host's launch latency added 0.06-0.25 us to every
-step at batch 1, repeats of a row spread by 1.3-2.2% (median) instead of 0.6-0.8%, and the
-copy read 0.6-1.0% slower (reports/kernels/probe_r188_hold.log, probe_r191_hold.log; below
-0.1% at batch 256). Every graph is warmed for
-30 replays and 20 ms before timing: on the H200 the first ~10 replays of a conventional
-step over a fresh state run ~10% slower (reports/kernels/probe_r86_ramp.log). Inputs are
-fresh random values (never zeros) and differ per step of the window.
+is the GPU's alone, and every graph is warmed for 30 replays and 20 ms before timing
+(``benchmarks.harness`` says why). Inputs are fresh random values (never zeros) and differ
+per step of the window.
 
 One layer's state stays in the GPU's L2 at small batches (4 MiB for Nemotron-3-Super at batch
 1, against 50-60 MB of L2), while a served model's dozens of layers take turns and each step
@@ -35,7 +32,6 @@ as when requests join at different steps, instead of every row flushing on the s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,109 +39,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from replayssm_quant.kernels.cache import alloc_gdn_cache, alloc_mamba2_cache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from decode_targets import evaluate  # noqa: E402
-from decode_targets import markdown as targets_markdown  # noqa: E402
-
-from replayssm_quant import formats as F  # noqa: E402
-from replayssm_quant.kernels.cache import alloc_gdn_cache, alloc_mamba2_cache  # noqa: E402
-from replayssm_quant.kernels.gdn import gdn_decode_step  # noqa: E402
-from replayssm_quant.kernels.mamba2 import mamba2_decode_step  # noqa: E402
-from replayssm_quant.kernels.plan import step_plan  # noqa: E402
-from replayssm_quant.precision import PRESETS, SHAPES, ModelShape, step_bytes  # noqa: E402
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second, after a 1 s warm-up; each
-    timed copy waits behind the same GPU hold as ``time_graph``'s replays."""
-    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
-    b = torch.empty_like(a)
-    t_end = time.time() + 1.0
-    while time.time() < t_end:
-        b.copy_(a)
-    torch.cuda.synchronize()
-    t = timed_replays(lambda: b.copy_(a), reps, 1, hold_cycles(HOLD_US) if HOLD_US > 0 else 0)
-    return 2 * a.numel() * 4 / t
-
-
-HOLD_US = 100.0  # GPU hold in front of each timed replay (``time_graph``); 0: none
-_cycles_per_us: dict[int, float] = {}  # per device, from one timed sleep
-
-
-def hold_cycles(us: float, cuda=torch.cuda) -> int:
-    """Clock cycles of ``cuda._sleep`` that spin the GPU for about ``us`` microseconds, from
-    one timed sleep of 2^21 cycles (measured once per process and device)."""
-    dev = cuda.current_device()
-    if dev not in _cycles_per_us:
-        n = 1 << 21
-        cuda._sleep(n)  # first launch outside the measurement
-        st, en = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        st.record()
-        cuda._sleep(n)
-        en.record()
-        en.synchronize()
-        _cycles_per_us[dev] = n / (st.elapsed_time(en) * 1e3)
-    return max(1, int(us * _cycles_per_us[dev]))
-
-
-def timed_replays(replay, reps: int, repeat: int = 1, hold: int = 0, cuda=torch.cuda) -> float:
-    """Median seconds per call over ``reps`` timed calls of ``replay`` (a graph holding
-    ``repeat`` calls), each between two events. With ``hold`` > 0 a spin kernel of that many
-    cycles goes in front of the start event: the host then queues the event, the replay and
-    the end event while the GPU spins, so the start event fires with the replay already
-    queued and the host's launch latency stays out of the time."""
-    times = []
-    for _ in range(reps):
-        st, en = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        if hold:
-            cuda._sleep(hold)
-        st.record()
-        replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) / 1e3 / repeat)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def time_graph(fn, reps: int = 20, warmup: int = 30, warm_s: float = 0.02,
-               repeat: int = 1, hold_us: float | None = None) -> float:
-    """Median seconds per call of ``fn`` captured ``repeat`` times in one CUDA graph (plain
-    calls on a CPU, for dry runs). The graph is replayed ``warmup`` times and for at least
-    ``warm_s`` seconds before timing: on the H200 the first ~10 replays of a step that
-    rewrites a freshly allocated state run ~10% slower than every later one
-    (reports/kernels/probe_r86_ramp.log). ``repeat`` > 1 keeps the launch gap of a lone
-    replay out of the time, as a window of steps does. Each timed replay waits behind a GPU
-    hold of ``hold_us`` (default ``HOLD_US``; 0: none, ``timed_replays``): at batch 1 the
-    host's launch latency otherwise added 0.06-0.25 us to every step of a 16-step graph
-    (reports/kernels/probe_r191_hold.log)."""
-    if not torch.cuda.is_available():
-        fn()
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # compile + warm outside capture
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(repeat):
-            fn()
-    t_end, n = time.perf_counter() + warm_s, 0
-    while n < warmup or time.perf_counter() < t_end:
-        g.replay()
-        n += 1
-        if n % 8 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    us = HOLD_US if hold_us is None else hold_us
-    return timed_replays(g.replay, reps, repeat, hold_cycles(us) if us > 0 else 0)
+from benchmarks import harness
+from benchmarks.harness import copy_bandwidth, time_graph, write_rows
+from benchmarks.targets import evaluate
+from benchmarks.targets import main as targets_main
+from benchmarks.targets import markdown as targets_markdown
+from replayssm_quant import formats as F
+from replayssm_quant.kernels.gdn import gdn_decode_step
+from replayssm_quant.kernels.mamba2 import mamba2_decode_step
+from replayssm_quant.kernels.plan import step_plan
+from replayssm_quant.precision import PRESETS, SHAPES, ModelShape, step_bytes
 
 
 def _fill_state(cache, gen_scale: float = 0.05) -> None:
@@ -279,7 +184,7 @@ def stagger_cursors(w: Workload) -> None:
 def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
             layers: int | str = 1, stagger: bool = False, **kw) -> dict:
     """Window, non-flush (``time_nonflush``; ``nonflush_derived_us``: from the window and the
-    flush, as sweeps before ``decode_r258`` gave it) and flush microseconds per step of one
+    flush, as older sweeps gave it) and flush microseconds per step of one
     layer. With ``layers`` > 1 a
     graph runs each step over every layer in turn (``layer_count``), as a model does, and the
     time is per layer; the graphs then hold one window (8 conventional steps, one flush
@@ -325,7 +230,7 @@ def time_nonflush(ws: list[Workload], reps: int, repeat: int = 1, **kw) -> float
     reset, timed alone the same way, is taken off. Timed directly rather than derived from
     the window and the flush, (window x L - flush) / (L - 1), which moves with every change
     of the flush timed alone (the NVFP4 non-flush ratios moved 3-10% that way with no
-    non-flush kernel changed: reports/kernels/README.md)."""
+    non-flush kernel changed)."""
     L = ws[0].cfg.L
 
     def reset():
@@ -351,8 +256,7 @@ def time_flush(ws: list[Workload], reps: int, repeat: int = REPEAT, advance: boo
     the same way, is taken off. Without it the step leaves the cursors where they are, and
     its flush kernel is compiled without the cursor loop (``ADVANCE`` off), which ptxas can
     give other registers: Mamba-2's nvfp4-read/fp32 flush on 16-row one-warp tiles takes 255
-    (8 programs per SM) that way against 168 (12) in the window, as launched on the H200
-    (reports/kernels/tune_r257_flush_advance.log)."""
+    (8 programs per SM) that way against 168 (12) in the window, as launched on the H200."""
     L = ws[0].cfg.L
 
     def reset():
@@ -484,7 +388,7 @@ def compile_job(job: tuple) -> tuple:
 def compile_batches(batches) -> tuple[int, ...]:
     """The batches to compile a sweep's steps at: ``COMPILE_BATCHES`` and every smaller timed
     batch, whose one-launch tiles batch 1's need not share (batch 4's compiled in the main
-    process, one after another, and some took minutes: reports/kernels/tune_r210_*.log)."""
+    process, one after another, and some took minutes)."""
     return tuple(sorted(set(COMPILE_BATCHES) | {b for b in batches if b < max(COMPILE_BATCHES)}))
 
 
@@ -522,7 +426,9 @@ def configs_for(Ls: list[int]) -> list:
 
 
 def main(argv=None) -> int:
-    global HOLD_US
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["targets"]:  # the speed targets over finished sweeps
+        return targets_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--batch", type=int, nargs="*", default=[256, 1, 64, 512])
@@ -534,10 +440,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--deadline", type=float, default=0,
                     help="seconds after which no new (batch, shape) block starts (0: none)")
-    ap.add_argument("--hold-us", type=float, default=HOLD_US,
+    ap.add_argument("--hold-us", type=float, default=harness.HOLD_US,
                     help="GPU hold in microseconds in front of each timed replay, so the host's "
-                         "launch latency stays out of the time (0: none, the harness before "
-                         "decode_r188)")
+                         "launch latency stays out of the time (0: none)")
     ap.add_argument("--layers", type=_layers_arg, default=1,
                     help="layers whose caches each step runs over in turn, the time given per "
                          "layer; 'auto': enough that they hold twice the GPU's L2, so a small "
@@ -548,7 +453,7 @@ def main(argv=None) -> int:
                          "1/L share of the rows, as in steady serving; window averages only")
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/kernels"))
     args = ap.parse_args(argv)
-    HOLD_US = args.hold_us
+    harness.HOLD_US = args.hold_us
     torch.manual_seed(0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -562,7 +467,7 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_name()
     print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     meta = dict(device=dev, copy_bandwidth=bw, torch=torch.__version__,
-                triton=__import__("triton").__version__, argv=sys.argv, hold_us=HOLD_US,
+                triton=__import__("triton").__version__, argv=sys.argv, hold_us=harness.HOLD_US,
                 layers=args.layers, stagger=args.stagger, complete=False)
     rows: list[dict] = []
     t_start = time.time()
@@ -660,28 +565,20 @@ def _layers_arg(text: str) -> int | str:
 def row_mode(layers: int | str, stagger: bool) -> str:
     """How a sweep was timed, beyond the default (one layer, aligned cursors): "layers" (a
     step over several layers' states, ``--layers``), "stagger" (``--stagger``) or both; ""
-    for the default. Every row of a sweep carries it, and ``decode_targets`` judges each
+    for the default. Every row of a sweep carries it, and ``benchmarks.targets`` judges each
     mode's rows apart."""
     return "+".join(m for m, on in (("layers", layers != 1), ("stagger", stagger)) if on)
 
 
 def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
     """decode.json, decode.csv and decode.md (rewritten whole: a cut-off run keeps its rows),
-    with the verdicts of the speed targets (``decode_targets``) in the JSON and the Markdown."""
-    import csv
-
+    with the verdicts of the speed targets (``benchmarks.targets``) in the JSON and the Markdown."""
     verdicts = evaluate(rows)
-    (out / "decode.json").write_text(json.dumps(
-        dict(meta=meta, rows=rows, targets=[v.as_dict() for v in verdicts]), indent=1))
-    keys = sorted({k for r in rows for k in r})
-    with open(out / "decode.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=keys)
-        wr.writeheader()
-        wr.writerows(rows)
     md = markdown_table(rows, meta)
     if verdicts:
         md += "\n" + targets_markdown(verdicts) + "\n"
-    (out / "decode.md").write_text(md)
+    write_rows(out, "decode", rows, dict(meta=meta, rows=rows, targets=[v.as_dict() for v in verdicts]),
+               md)
 
 
 def byte_bound(shape, cfg) -> float:

@@ -5,9 +5,9 @@ Layers (batch 1): a Qwen3.5-4B-shaped GDN layer (32 value heads, 16 key heads, d
 and a Nemotron-3-Super-shaped Mamba-2 layer (128 heads, head_dim 64, d_state 128, 8 groups),
 bf16 activations, fp32 decays.
 
-    python benchmarks/emulate_check.py                     # every preset, both layers
-    python benchmarks/emulate_check.py --tokens 16384 --check-tokens 512 --no-sweep
-    python benchmarks/emulate_check.py --smoke --tokens 64 --check-tokens 32   # CPU dry run
+    python -m benchmarks.emulate_check                     # every preset, both layers
+    python -m benchmarks.emulate_check --tokens 16384 --check-tokens 512 --no-sweep
+    python -m benchmarks.emulate_check --smoke --tokens 64 --check-tokens 32   # CPU dry run
 
 Phases: (1) every kernel variant is compiled in parallel worker processes (Triton's on-disk
 cache then serves the main process); (2) each preset is timed over ``--tokens`` tokens with
@@ -37,8 +37,6 @@ if SMOKE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from replayssm_quant.kernels.emulate import gdn_emulate, mamba2_emulate  # noqa: E402
 from replayssm_quant.precision import PRESETS, parse_config  # noqa: E402

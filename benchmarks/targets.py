@@ -1,19 +1,18 @@
-"""The decode kernels' speed targets, checked against `benchmarks/decode.py` results.
+"""The decode kernels' speed targets, checked against ``benchmarks.decode`` results.
 
 Each target is data (``TARGETS``): which rows it reads, the number it forms from them and the
 bound that number must meet. ``evaluate`` turns the rows of one or more sweeps into one
 verdict per (target, shape, batch), with the numbers behind it, so a report states which
 targets hold and by how much the others miss instead of leaving that to a reader:
 
-    python benchmarks/decode_targets.py reports/kernels/decode_r130.json \\
-        reports/kernels/decode_r121.json --out reports/kernels/targets.md --json targets.json \\
-        --plot reports/kernels/targets.png
+    python -m benchmarks.decode targets OLD/decode.json NEW/decode.json \\
+        --out targets.md --json targets.json --plot targets.png
 
 A target that forms a ratio of two rows (a window against the conventional step, say) takes
 both from one file, the latest that holds them, and names it in its detail; a later file's
 row replaces an earlier one's elsewhere.
 
-`decode.py` appends the same table to every ``decode.md`` it writes. A target only judges the
+``benchmarks.decode`` appends the same table to every ``decode.md`` it writes. A target only judges the
 batch sizes it names (``batch_min`` / ``batch_max``); a sweep without those rows gives no
 verdict for it, never a pass.
 """
@@ -23,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +30,8 @@ WINDOW_L = 16  # the L of the window targets
 NVFP4_PRESET = "nvfp4-read/fp16-sr"  # the NVFP4 read + FP16-SR checkpoint preset
 FLA_CONFIG = "fla-fused-recurrent"
 # A conventional FP32 step below this share of copy bandwidth is a slow baseline: it ran at
-# 0.956-0.979 in the sweeps at batch 256 and 512 but for a few processes (0.898 in
-# decode_r193, 0.92 in decode_r223, 0.918 in decode_r259) whose ratios to it it flatters
+# 0.956-0.979 in the H200 sweeps at batch 256 and 512 but for a few processes (0.898-0.92)
+# whose ratios to it it flatters
 SLOW_BASELINE = 0.95
 
 
@@ -122,7 +120,7 @@ def _ratio_to_conv(config: str):
         if r is None or c is None:
             return None
         allow = r.get("byte_bound_vs_conv_fp32")
-        frac = c.get("bw_frac_window")  # a slow baseline shows here (decode_r193's 0.898)
+        frac = c.get("bw_frac_window")  # a slow baseline shows here
         return (c["window_us"] / r["window_us"],
                 f"{r['window_us']:.1f} us against {c['window_us']:.1f} us"
                 + (f" ({frac:.2f} of copy bandwidth)" if frac else "")
@@ -131,8 +129,8 @@ def _ratio_to_conv(config: str):
 
 
 def _nvfp4_nonflush(rows):
-    """Sweeps from ``decode_r258`` time the non-flush step (``nonflush_derived_us`` beside it);
-    earlier ones derived it from the window and the flush timed alone."""
+    """Sweeps that time the non-flush step carry ``nonflush_derived_us`` beside it; older
+    ones derived it from the window and the flush timed alone."""
     f, n = _window(rows, "replay-fp32"), _window(rows, NVFP4_PRESET)
     if f is None or n is None:
         return None
@@ -356,7 +354,7 @@ def load_rows(paths: Iterable[Path]) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", nargs="+", type=Path, help="decode.json files of benchmarks/decode.py")
+    ap.add_argument("results", nargs="+", type=Path, help="decode.json files of benchmarks.decode")
     ap.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
     ap.add_argument("--json", type=Path, default=None, help="write the verdicts as JSON here")
     ap.add_argument("--plot", type=Path, default=None,
@@ -373,6 +371,3 @@ def main(argv=None) -> int:
     print(md)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,8 +4,10 @@ pure-torch reference step by step (both start each step from the same state), sp
 verify of 8 drafts + commit against the reference, and the compiled kernels' register and
 spill counts.
 
-    python benchmarks/tune_decode.py --batch 256 --check
-    python benchmarks/tune_decode.py --smoke          # CPU dry run (interpreter, tiny shapes)
+    python -m benchmarks.tune_decode --batch 256 --check
+    python -m benchmarks.tune_decode --check-only     # correctness at the paper shapes only
+    python -m benchmarks.tune_decode --smoke          # CPU dry run (interpreter, tiny shapes)
+    python -m benchmarks.tune_decode variants --jobs JOBS.json --batch 256   # A/B variants
 
 Kernels are compiled first by worker processes in parallel (Triton's on-disk cache then
 serves the main process), so a sweep spends its time measuring.
@@ -20,33 +22,28 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
+from replayssm_quant.kernels.cache import cache_from_reference  # noqa: E402
 from triton.errors import TritonError  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from decode import (  # noqa: E402
+from benchmarks.decode import (  # noqa: E402
     VERIFY_CONFIGS,
     Workload,
-    copy_bandwidth,
     measure,
     measure_flush,
     measure_verify,
     precompile,
     verify_workload,
 )
-
+from benchmarks.harness import copy_bandwidth  # noqa: E402
 from replayssm_quant import formats as F  # noqa: E402
 from replayssm_quant.kernels import gdn as kg  # noqa: E402
 from replayssm_quant.kernels import mamba2 as km  # noqa: E402
-from replayssm_quant.kernels.cache import cache_from_reference  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes  # noqa: E402
 from replayssm_quant.ssm import gdn, mamba2  # noqa: E402
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs  # noqa: E402
@@ -331,7 +328,12 @@ def verify_kernel_times(shape, batch: int, cfg, T: int, reps: int = 5) -> dict:
 
 
 # ------------------------------------------------------------------------------ main
-def main() -> int:
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["variants"]:  # time a jobs file of variants (``benchmarks.variants``)
+        from benchmarks.variants import main as variants_main
+
+        return variants_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--shapes", nargs="*", default=["nemotron-3-super-120b", "qwen3.5-4b"])
@@ -387,7 +389,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="CPU dry run, tiny shapes")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if SMOKE:
         from replayssm_quant.precision import ModelShape
 

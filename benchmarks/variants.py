@@ -3,30 +3,30 @@
 Run it once per checkout to compare two of them on the same GPU, e.g.
 
     git worktree add /tmp/old <commit>
-    python benchmarks/time_variants.py --jobs reports/kernels/tune_r40_jobs_window.json \
-        --root /tmp/old --tag old
-    python benchmarks/time_variants.py --jobs reports/kernels/tune_r40_jobs_new.json
+    python -m benchmarks.tune_decode variants --jobs jobs.json --root /tmp/old --tag old > old.log
+    python -m benchmarks.tune_decode variants --jobs jobs.json > new.log
 
 Then ``--compare OLD.log NEW.log`` pairs the two runs' lines and prints a Markdown table: each
 variant's window (or flush) time in both, the change, and its ratio to the conventional FP32
 step of the same shape, batch and run when the jobs hold one.
 
 A jobs file is a JSON list of ``[shape, preset, knobs, mode]``: ``preset`` is a preset name,
-optionally with another window length as in ``decode.py``'s rows (``replay-fp32@L8``);
+optionally with another window length as in ``benchmarks.decode``'s rows (``replay-fp32@L8``);
 ``knobs`` are keyword arguments of the decode step (``{"flush_warps": 1}``), ``mode`` is
 ``"window"``, ``"flush"`` (the window's flush step, ``decode.time_flush``; ``{"advance":
-false}`` times the step that holds the cursors instead, as logs before
-``tune_r257_flush_advance.log`` did), ``"verify"`` (a speculative verify of 8 drafts; ``knobs`` then
-go to the verify, e.g. ``{"pdl": true}``), ``"stagger"`` (the window average with the rows'
-cursors spread, so every step flushes a 1/L share of the rows: ``decode.py --stagger``) or
-``"fla"`` (FLA's fused recurrent decode of the shape's FP32 state, the peer of a GDN ``fp32``
+false}`` times the step that holds the cursors instead, as older logs did), ``"verify"`` (a
+speculative verify of 8 drafts; ``knobs`` then go to the verify, e.g. ``{"pdl": true}``),
+``"stagger"`` (the window average with the rows' cursors spread, so every step flushes a 1/L
+share of the rows: ``decode --stagger``) or ``"fla"`` (FLA's fused recurrent decode of the
+shape's FP32 state, the peer of a GDN ``fp32``
 job: preset ``fp32``, no knobs).
-``--layers`` runs each step over several layers' caches, as ``decode.py --layers`` does.
+``--layers`` runs each step over several layers' caches, as ``decode --layers`` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -109,6 +109,25 @@ def preset_config(name: str):
     return replace(PRESETS[base], L=int(tail), name=name) if tail else PRESETS[base]
 
 
+def _load_decode(root: Path):
+    """The decode benchmark module of the checkout at ``root``: this one's, or another's with
+    its own ``replayssm_quant`` (the modules already imported from this checkout are dropped
+    first, so nothing of this checkout is timed in its place). Older checkouts keep
+    ``benchmarks/decode.py`` as a script beside its helpers; newer ones as this package."""
+    if root == Path(__file__).resolve().parents[1]:
+        import benchmarks.decode as decode
+
+        return decode
+    for name in [m for m in sys.modules if m.split(".")[0] in
+                 ("replayssm_quant", "benchmarks", "decode", "decode_targets")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    if (root / "benchmarks" / "__init__.py").is_file():
+        return importlib.import_module("benchmarks.decode")
+    sys.path.insert(0, str(root / "benchmarks"))
+    return importlib.import_module("decode")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", help="JSON list of [shape, preset, knobs, mode]")
@@ -143,12 +162,10 @@ def main(argv=None) -> int:
     lay = {} if layers == 1 else {"layers": layers}  # an older checkout's measure has no layers
     if lay and any(mode == "flush" for *_, mode in jobs):
         ap.error("--layers applies to window, stagger and verify jobs; a flush job times one layer")
-    root = Path(args.root).resolve()
-    sys.path.insert(0, str(root))
-    sys.path.insert(0, str(root / "benchmarks"))
-    from decode import copy_bandwidth, measure, measure_fla, measure_flush, measure_verify, precompile
-
-    from replayssm_quant.precision import SHAPES
+    decode = _load_decode(Path(args.root).resolve())
+    copy_bandwidth, measure, measure_fla = decode.copy_bandwidth, decode.measure, decode.measure_fla
+    measure_flush, measure_verify, precompile = decode.measure_flush, decode.measure_verify, decode.precompile
+    SHAPES = decode.SHAPES
 
     def known(name: str) -> bool:
         try:
@@ -201,6 +218,3 @@ def main(argv=None) -> int:
             print(f"{args.tag} resident {name} {json.dumps(knobs)} {n}", flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,10 +25,10 @@ checkpoint and read copy against the reference's (SR words identical; float redu
 move a rare element across a rounding boundary, by one grid step), cursor and flush index,
 graph replay == eager call bit for bit, and the null block's page never written.
 
-    python benchmarks/vllm_page_graph.py            # all presets, both layer types (< 2 min)
-    python benchmarks/vllm_page_graph.py --quick    # three presets
-    python benchmarks/vllm_page_graph.py --kinds mamba2 --mamba2-shape nemotron-3-nano-4b
-    TRITON_INTERPRET=1 python benchmarks/vllm_page_graph.py --device cpu --tiny --L 4 --steps 14
+    python -m benchmarks.vllm_page_graph            # all presets, both layer types (< 2 min)
+    python -m benchmarks.vllm_page_graph --quick    # three presets
+    python -m benchmarks.vllm_page_graph --kinds mamba2 --mamba2-shape nemotron-3-nano-4b
+    TRITON_INTERPRET=1 python -m benchmarks.vllm_page_graph --device cpu --tiny --L 4 --steps 14
 """
 
 from __future__ import annotations
@@ -37,19 +37,16 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from replayssm_quant import formats as QF  # noqa: E402
-from replayssm_quant.precision import PRESETS, SHAPES, ModelShape  # noqa: E402
-from replayssm_quant.ssm import gdn as gdn_ref  # noqa: E402
-from replayssm_quant.ssm import mamba2 as mamba2_ref  # noqa: E402
-from replayssm_quant.vllm_plugin import runtime  # noqa: E402
-from replayssm_quant.vllm_plugin.layout import vllm_page, with_buffer_len  # noqa: E402
+from replayssm_quant import formats as QF
+from replayssm_quant.precision import PRESETS, SHAPES, ModelShape
+from replayssm_quant.ssm import gdn as gdn_ref
+from replayssm_quant.ssm import mamba2 as mamba2_ref
+from replayssm_quant.vllm_plugin import runtime
+from replayssm_quant.vllm_plugin.layout import vllm_page, with_buffer_len
 
 ROWS, REAL = 8, 6  # graph batch: 6 requests + 2 padding rows
 NUM_BLOCKS = 12

@@ -1,11 +1,9 @@
-"""benchmarks/decode.py's tables: the 'bytes allow' column is the counted-byte ratio of the
+"""benchmarks.decode's tables: the 'bytes allow' column is the counted-byte ratio of the
 conventional FP32 step to the config (ring included), '-' where it does not apply."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +14,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import benchmarks.decode as mod
+
+    return mod
+
+
+def _variants_module():
+    import benchmarks.variants as mod
+
+    return mod
+
+
+def _harness_module():
+    import benchmarks.harness as mod
+
     return mod
 
 
@@ -49,43 +58,36 @@ def test_byte_bound_column():
 
 
 def test_time_variants_jobs_files(tmp_path, capsys):
-    """benchmarks/time_variants.py reads the committed jobs files and rejects malformed jobs
-    with a message instead of a traceback."""
+    """``tune_decode variants`` reads a jobs file of every mode and rejects malformed jobs with
+    a message instead of a traceback."""
     import json
 
     import pytest
 
-    spec = importlib.util.spec_from_file_location("time_variants",
-                                                  ROOT / "benchmarks" / "time_variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for name in ("tune_r40_jobs_window.json", "tune_r40_jobs_new.json",
-                 "tune_r88_jobs_fp32_flush_grid.json", "tune_r89_jobs_m2_fp32_flush_regs.json",
-                 "tune_r90_jobs_batch1.json", "tune_r92_jobs_one_launch.json",
-                 "tune_r94_jobs_batch1.json", "tune_r97_jobs_batch1.json",
-                 "tune_r97_jobs_batch4.json", "tune_r99_jobs_evict.json",
-                 "tune_r101_jobs_batch1.json", "tune_r101_jobs_batch4.json",
-                 "tune_r198_jobs_stagger.json", "tune_r199_jobs_stagger_pdl.json",
-                 "tune_r201_jobs_b1_conv.json", "tune_r202_jobs_conv_b1.json",
-                 "tune_r202_jobs_conv_b256.json", "tune_r203_jobs_conv_advance.json",
-                 "tune_r204_jobs_conv_counters.json", "tune_r206_jobs_b1_hbm_knobs.json",
-                 "tune_r263_jobs_step_flush.json", "tune_r264_jobs_step_flush_small.json",
-                 "tune_r265_jobs_step_flush_batches.json", "tune_r266_jobs_defaults.json",
-                 "tune_r267_jobs_defaults_hbm.json"):
-        jobs = mod.load_jobs(str(ROOT / "reports" / "kernels" / name))
-        assert jobs and all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
+    mod = _variants_module()
+    jobs_file = tmp_path / "every_mode.json"
+    jobs_file.write_text(json.dumps([
+        ["qwen3.5-4b", "fp32", {}, "window"], ["qwen3.5-4b", "replay-fp32", {"flush_warps": 1}, "window"],
+        ["nemotron-3-super-120b", "replay-fp32@L8", {}, "flush"],
+        ["nemotron-3-super-120b", "nvfp4-read/fp16-sr", {"advance": False}, "flush"],
+        ["qwen3.5-122b-a10b", "replay-fp32", {"pdl": True}, "verify"],
+        ["nemotron-3-nano-4b", "shared-fp8", {}, "stagger"], ["qwen3.5-4b", "fp32", {}, "fla"]]))
+    jobs = mod.load_jobs(str(jobs_file))
+    assert [mode for *_, mode in jobs] == ["window", "window", "flush", "flush", "verify", "stagger", "fla"]
+    assert all(s in SHAPES and mod.preset_config(c) for s, c, _, _ in jobs)
     assert mod.preset_config("replay-fp32@L8").L == 8
     assert mod.preset_config("replay-fp32") is PRESETS["replay-fp32"]
     for bad in ("replay-fp33", "replay-fp32@Lx"):
         with pytest.raises(KeyError):
             mod.preset_config(bad)
-    rows = json.loads((ROOT / "reports" / "kernels" / "tune_r40_jobs_window.json").read_text())
+    rows = json.loads(jobs_file.read_text())
     rows[0][3] = "both"
     tmp = tmp_path / "jobs.json"
     tmp.write_text(json.dumps(rows))
     with pytest.raises(SystemExit, match="job 0 must be"):
         mod.load_jobs(str(tmp))
-    good = ROOT / "reports" / "kernels" / "tune_r198_jobs_stagger.json"
+    good = tmp_path / "stagger.json"
+    good.write_text(json.dumps([["qwen3.5-4b", "replay-fp32", {}, "stagger"]]))
     for bad in ("0", "two"):  # refused before anything is timed
         with pytest.raises(SystemExit):
             mod.main(["--jobs", str(good), "--layers", bad])
@@ -105,53 +107,6 @@ def test_time_variants_jobs_files(tmp_path, capsys):
     fla_m2.write_text(json.dumps([["nemotron-3-super-120b", "fp32", {}, "fla"]]))
     with pytest.raises(SystemExit, match="fla jobs need a GDN shape"):
         mod.main(["--jobs", str(fla_m2)])
-
-
-def test_process_state_probe_on_tiny_shapes(monkeypatch):
-    """benchmarks/probe_process_state.py times both steps of every probed shape at all four
-    points (CPU dry run on tiny shapes: interpreted kernels, plain timing; batch 1, two steps
-    to a graph and a window of two, so the dry run stays short)."""
-    from dataclasses import replace
-
-    from replayssm_quant.precision import PRESETS, ModelShape
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("probe_state",
-                                                  ROOT / "benchmarks" / "probe_process_state.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    tiny = {"tiny-gdn": ModelShape("tiny-gdn", "gdn", 2, 16, 32, 1),
-            "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 16, 32, 1)}
-    monkeypatch.setattr(mod, "SHAPES", tiny)
-    monkeypatch.setattr(mod, "CHURN_CONFIGS", ("fp32",))
-    monkeypatch.setattr(mod, "PRESETS", {**PRESETS, "replay-fp32": replace(PRESETS["replay-fp32"], L=2)})
-    monkeypatch.setattr(sys.modules["decode"], "CONV_STEPS", 2)
-    out = mod.probe(["tiny-gdn"], ["tiny-m2"], batch=1, reps=1, device="cpu", again=2)
-    assert [p for p, _ in out] == ["fresh", "after tiny-m2", "after empty_cache", "again",
-                                   "again 2, after empty_cache"]
-    for _, t in out:
-        conv, window = t["tiny-gdn"]
-        assert conv > 0 and window > 0
-
-
-def test_probe_timing_refuses_without_a_gpu(monkeypatch):
-    """benchmarks/probe_timing.py names its probes in --help, rejects an unknown one, and
-    stops with a message (not a traceback) where there is no GPU to time."""
-    import pytest
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("probe_timing",
-                                                  ROOT / "benchmarks" / "probe_timing.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert set(mod.PROBES) == {"inplace", "warm", "clocks", "data", "ramp", "harness", "hold",
-                               "nonflush"}
-    with pytest.raises(SystemExit) as e:
-        mod.main(["nonsense"])
-    assert e.value.code == 2
-    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a GPU"):
-        mod.main(["ramp"])
 
 
 def test_measure_times_steps_without_a_window_as_a_window(monkeypatch):
@@ -174,43 +129,58 @@ def test_measure_times_steps_without_a_window_as_a_window(monkeypatch):
     assert sorted(set(seen)) == list(range(mod.CONV_STEPS))
 
 
-def test_time_variants_compare_pairs_two_committed_logs(capsys):
-    """``--compare`` reads two logs of time_variants.py (the committed batch-1 A/B of the
-    relaxed counter), pairs their variants and gives each one's ratio to the conventional step
-    of its own run; logs with nothing in common are refused."""
+def _variant_log(tag: str, wins: dict[tuple[str, str], tuple[float, float, float]],
+                 flushes: dict[tuple[str, str], float] | None = None) -> str:
+    """A log as ``tune_decode variants`` prints it at batch 1: a comment, the copy bandwidth,
+    one line per window variant and per flush variant."""
+    lines = [f"# python -m benchmarks.tune_decode variants --jobs jobs.json --batch 1 --tag {tag}",
+             f"{tag} copy 4.165 TB/s"]
+    for (shape, preset), (win, nf, fl) in wins.items():
+        lines.append(f"{tag} B=1 {shape:22s} {preset:20s} {'{}':50s} win {win:8.1f} nf {nf:8.1f} "
+                     f"fl {fl:8.1f}")
+    for (shape, preset), t in (flushes or {}).items():
+        lines.append(f"{tag} B=1 {shape:22s} {preset:20s} {'{}':50s} flush {t:8.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def test_time_variants_compare_pairs_two_logs(tmp_path, capsys):
+    """``--compare`` reads two logs of ``tune_decode variants``, pairs their variants and gives
+    each one's ratio to the conventional step of its own run; logs with nothing in common are
+    refused."""
     import pytest
 
-    spec = importlib.util.spec_from_file_location("time_variants",
-                                                  ROOT / "benchmarks" / "time_variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    kdir = ROOT / "reports" / "kernels"
-    old = mod.parse_log(str(kdir / "tune_r101_relaxed_b1_old.log"))
-    new = mod.parse_log(str(kdir / "tune_r101_relaxed_b1_new.log"))
-    assert len(old) == len(new) == 16
+    mod = _variants_module()
+    shapes = ("nemotron-3-nano-4b", "nemotron-3-super-120b", "qwen3.5-4b", "qwen3.5-122b-a10b")
+    presets = ("fp32", "replay-fp32", "nvfp4-read/fp16-sr", "fp8-read/fp32")
+    old_w = {(s, p): (4.2 + i * 0.1, 4.1, 5.0) for i, (s, p) in
+             enumerate((s, p) for s in shapes for p in presets)}
+    new_w = {k: (v[0] - 0.3, v[1], v[2]) for k, v in old_w.items()}
+    old_w[("qwen3.5-4b", "fp32")], new_w[("qwen3.5-4b", "fp32")] = (4.2, 4.2, 4.2), (4.0, 4.0, 4.0)
+    old_w[("qwen3.5-4b", "replay-fp32")] = (4.4, 4.4, 5.0)
+    new_w[("qwen3.5-4b", "replay-fp32")] = (4.0, 3.9, 5.0)
+    old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
+    old_log.write_text(_variant_log("old", old_w))
+    new_log.write_text(_variant_log("new", new_w, {("qwen3.5-4b", "replay-fp32"): 5.1}))
+    old, new = mod.parse_log(str(old_log)), mod.parse_log(str(new_log))
+    assert len(old) == 16 and len(new) == 17
     key = (1, "qwen3.5-4b", "replay-fp32", "{}", "window")
     assert old[key]["win"] == 4.4 and new[key]["win"] == 4.0 and new[key]["fl"] == 5.0
     assert new[key]["n"] == 1
-    assert mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
-                     str(kdir / "tune_r101_relaxed_b1_new.log")]) == 0
+    assert new[(1, "qwen3.5-4b", "replay-fp32", "{}", "flush")] == {"flush": 5.1, "n": 1}
+    assert mod.main(["--compare", str(old_log), str(new_log)]) == 0
     table = capsys.readouterr().out
     assert "| 1 | qwen3.5-4b | replay-fp32 | {} | window | 4.4 | 4.0 | -9.1% | 0.95x | 1.00x |" in table
-    flushes = mod.parse_log(str(kdir / "tune_r40_readcopy_flush_ab.log"))  # flush-mode lines
-    assert flushes and any(set(v) == {"flush", "n"} and k[-1] == "flush"
-                           for k, v in flushes.items())
+    other = tmp_path / "other.log"
+    other.write_text(_variant_log("x", {("qwen3.5-4b", "shared-fp8"): (3.0, 3.0, 3.0)}))
     with pytest.raises(SystemExit):
-        mod.main(["--compare", str(kdir / "tune_r101_relaxed_b1_old.log"),
-                  str(kdir / "tune_r99_evict_old.log")])
+        mod.main(["--compare", str(old_log), str(other)])
 
 
 def test_time_variants_log_keeps_modes_apart_and_averages_repeats(tmp_path):
     """A variant timed as a window and as a verify gives two entries (the mode is part of the
     key), and a variant timed twice in one log is the mean of both lines; the verify's ratio
     to the conventional step comes out of the same run."""
-    spec = importlib.util.spec_from_file_location("time_variants",
-                                                  ROOT / "benchmarks" / "time_variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _variants_module()
     conv = "t B=256 qwen3.5-4b  fp32  {}  win  266.0 nf  266.0 fl  266.0"
     body = [conv, "t B=256 qwen3.5-4b  replay-fp32  {}  win  172.0 nf  160.0 fl  360.0",
             "t B=256 qwen3.5-4b  replay-fp32  {}  verify  250.0",
@@ -231,17 +201,14 @@ def test_time_variants_log_keeps_modes_apart_and_averages_repeats(tmp_path):
 
 
 def _targets_module():
-    spec = importlib.util.spec_from_file_location("decode_targets",
-                                                  ROOT / "benchmarks" / "decode_targets.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
+    import benchmarks.targets as mod
+
     return mod
 
 
 def _sweep_rows(conv_us=500.0, replay_us=280.0, nvfp4_us=70.0, verify_us=450.0, fla_us=None,
                 shape="qwen3.5-4b", kind="gdn", batch=256, conv_bw=0.96):
-    """Rows shaped as benchmarks/decode.py writes them, for one (shape, batch)."""
+    """Rows shaped as benchmarks.decode writes them, for one (shape, batch)."""
     def row(config, L, win, nf, fl, bw=0.9):
         return dict(shape=shape, kind=kind, batch=batch, config=config, L=L, window_us=win,
                     nonflush_us=nf, flush_us=fl, bw_frac_window=bw, bw_frac_nonflush=bw,
@@ -369,143 +336,8 @@ def test_decode_outputs_carry_the_targets(tmp_path):
     assert md.index("## qwen3.5-4b, batch 256") < md.index("## Targets")
 
 
-def test_read_bandwidth_checks_every_variant_and_writes_its_table(tmp_path):
-    """``read_bandwidth.py`` runs each kind of variant (torch, grid, persistent, the step mock
-    with and without its cursor chain and ring) on a small state under the interpreter,
-    checks each against a float64 product, and writes the table; impossible tilings are
-    refused before anything runs."""
-    import pytest
-
-    spec = importlib.util.spec_from_file_location("read_bandwidth",
-                                                  ROOT / "benchmarks" / "read_bandwidth.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = tmp_path / "rb"
-    assert mod.main(["--rows", "8192", "--group-rows", "1024", "--grid-rows", "64",
-                     "--persistent-rows", "64", "--warps", "1", "--stages", "2", "--per-sm", "2",
-                     "--step-rows", "64", "--reps", "1", "--out", str(out)]) == 0
-    table = out.with_suffix(".md").read_text()
-    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
-    assert [r.split(" | ")[0] for r in rows] == ["| torch", "| grid", "| persistent"] + ["| step"] * 4
-    assert "'chain': True, 'ring': 'rows'" in table
-    with pytest.raises(SystemExit):
-        mod.main(["--rows", "4096", "--group-rows", "1024", "--step-rows", "64"])
-
-
-def test_read_bandwidth_gdn_layout_checks_both_products(tmp_path):
-    """With two vectors (GDN's S k and S q) in the GDN step layout every variant's two
-    outputs are checked against float64 (the ring adds to both, in either record layout and
-    wherever its records are loaded),
-    and cuBLAS's one-vector GEMV is left out; a state that is no whole number of GDN batch rows is refused."""
-    import pytest
-
-    spec = importlib.util.spec_from_file_location("read_bandwidth",
-                                                  ROOT / "benchmarks" / "read_bandwidth.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = tmp_path / "rb"
-    assert mod.main(["--rows", "4096", "--group-rows", "256", "--vectors", "2", "--step-layout",
-                     "gdn", "--grid-rows", "32", "--warps", "1", "--persistent-rows",
-                     "--step-rows", "32", "--ring-layouts", "rows", "tiles", "--reps", "1",
-                     "--out", str(out)]) == 0
-    table = out.with_suffix(".md").read_text()
-    assert "2 vector(s) per 256 rows; step mocks in the gdn layout" in table
-    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
-    assert [r.split(" | ")[0] for r in rows] == ["| grid"] + ["| step"] * 6
-    assert "'chain': True, 'ring': 'tiles'" in table
-    # the records loaded and summed first, loaded first and summed last, prefetched to L2
-    assert mod.main(["--rows", "4096", "--group-rows", "256", "--vectors", "2", "--step-layout",
-                     "gdn", "--grid-rows", "--persistent-rows", "--step-rows", "32",
-                     "--ring-orders", "before", "loads-first", "prefetch", "--reps", "1",
-                     "--out", str(out)]) == 0
-    table = out.with_suffix(".md").read_text()
-    for order in ("before", "loads-first", "prefetch"):
-        assert f"'chain': True, 'ring': 'rows', 'order': '{order}'" in table
-    with pytest.raises(SystemExit):
-        mod.main(["--rows", "6144", "--group-rows", "256", "--vectors", "2", "--step-layout",
-                  "gdn", "--grid-rows", "32", "--persistent-rows", "--step-rows", "32"])
-
-
-def _nan_counts_module(monkeypatch):
-    from dataclasses import replace
-
-    from replayssm_quant.precision import ModelShape
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("nan_counts", ROOT / "benchmarks" / "nan_counts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "SHAPES", {"tiny-gdn": ModelShape("tiny-gdn", "gdn", 2, 16, 32, 1),
-                                        "tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 16, 32, 1)})
-    monkeypatch.setattr(mod, "PRESETS", {k: replace(c, L=2) if c.L > 1 else c
-                                         for k, c in PRESETS.items()})
-    return mod
-
-
 ARGS = ["--shapes", "tiny-gdn", "tiny-m2", "--configs", "replay-fp32", "nvfp4-read/fp16-sr",
         "fp16-sr", "--batch", "2", "--device", "cpu"]
-
-
-def test_nan_counts_checks_every_preset_on_tiny_shapes(monkeypatch, capsys):
-    """benchmarks/nan_counts.py (CPU, interpreted kernels, tiny shapes): each step with NaN
-    inputs reports exactly the NaNs in its checkpoint, a finite step none."""
-    mod = _nan_counts_module(monkeypatch)
-    assert mod.main(ARGS) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("nan ")]
-    assert len(lines) == 6 and all(ln.startswith("nan ok") for ln in lines)
-
-
-def test_nan_counts_flags_a_lost_count(monkeypatch, capsys):
-    """A step that reports fewer NaNs than it wrote is flagged and fails the run."""
-    mod = _nan_counts_module(monkeypatch)
-    step = mod.Workload.step
-
-    def losing(self, i, advance=True, **kw):
-        y = step(self, i, advance=advance, **kw)
-        self.cache.nan_count.zero_()
-        return y
-
-    monkeypatch.setattr(mod.Workload, "step", losing)
-    assert mod.main(["--shapes", "tiny-m2", "--configs", "replay-fp32", "--batch", "2",
-                     "--device", "cpu"]) == 1
-    assert "nan BAD" in capsys.readouterr().out
-
-
-def test_launch_probe_leaves_each_launch_out(monkeypatch):
-    """benchmarks/launch_probe.py: inside ``leave_out`` the left-out launches do not run and
-    the kernels come back afterwards; the products launch is never left out alone (the flush
-    would walk an unwritten list); ``probe`` times every variant (CPU dry run, tiny shape)."""
-    from dataclasses import replace
-
-    from replayssm_quant.kernels import mamba2
-    from replayssm_quant.precision import ModelShape
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("launch_probe", ROOT / "benchmarks" / "launch_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "SHAPES", {"tiny-m2": ModelShape("tiny-m2", "mamba2", 2, 16, 32, 1)})
-    monkeypatch.setattr(mod, "PRESETS", {"replay-fp32": replace(PRESETS["replay-fp32"], L=4)})
-    monkeypatch.setattr(mod, "STEPS", 2)
-    launched = []
-    real = mamba2.launch_persistent
-    monkeypatch.setattr(mamba2, "launch_persistent",
-                        lambda *a, **k: launched.append(1) or real(*a, **k))
-    prep, flush = mamba2._mamba2_prep_kernel, mamba2.launch_persistent
-    w = mod.Workload(mod.SHAPES["tiny-m2"], 8, mod.PRESETS["replay-fp32"], steps=1, device="cpu")
-    with mod.leave_out("mamba2", True, True):
-        assert mamba2._mamba2_prep_kernel is not prep
-        w.step(0, advance=False)
-    assert not launched
-    assert mamba2._mamba2_prep_kernel is prep and mamba2.launch_persistent is flush
-    w.step(0, advance=False)
-    assert launched
-    t = mod.probe("tiny-m2", "replay-fp32", batch=8, reps=1, device="cpu")
-    assert list(t) == list(mod.VARIANTS) and all(v > 0 for v in t.values())
-    with pytest.raises(SystemExit, match="no launch to leave out"):
-        mod.probe("tiny-m2", "replay-fp32", batch=4, reps=1, device="cpu")
-    with pytest.raises(ValueError, match="builds the flush list"), mod.leave_out("mamba2", True, False):
-        pass
 
 
 def test_targets_plot_scores_and_draws(tmp_path):
@@ -560,7 +392,7 @@ def test_timed_replays_hold_before_start_event():
     """Each timed replay is queued behind the GPU hold: sleep, start event, replay, end event,
     in that order every time; without a hold no sleep is queued; the median is per call of
     the graph's ``repeat`` copies."""
-    mod = _module()
+    mod = _harness_module()
     fake = _FakeCuda([4.0, 1.0, 2.0])
     t = mod.timed_replays(lambda: fake.log.append("replay"), 3, repeat=2, hold=5000, cuda=fake)
     assert fake.log == ["sleep 5000", "record", "replay", "record", "sync"] * 3
@@ -573,7 +405,7 @@ def test_timed_replays_hold_before_start_event():
 def test_hold_cycles_calibrates_once_per_device():
     """The cycles of a hold come from one timed sleep of 2^21 cycles on the device: a sleep
     that took 1.0 ms gives 2097 cycles per us, and later holds reuse the calibration."""
-    mod = _module()
+    mod = _harness_module()
     fake = _FakeCuda([1.0])
     assert mod.hold_cycles(100.0, cuda=fake) == int(100.0 * (1 << 21) / 1000.0)
     assert fake.log == [f"sleep {1 << 21}", "record", f"sleep {1 << 21}", "record", "sync"]
@@ -801,45 +633,3 @@ def test_compile_job_runs_a_window_at_each_batch(monkeypatch):
     mod.compile_job(("qwen3.5-4b", cfg, {}, 0, "cpu"))
     assert made[2:] == list(mod.COMPILE_BATCHES)
     assert "bad knob" in mod.compile_job(("qwen3.5-4b", cfg, {"boom": True}, 0, "cpu"))[2]
-
-
-def _timeline():
-    spec = importlib.util.spec_from_file_location("step_timeline",
-                                                  ROOT / "benchmarks" / "step_timeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_step_timeline_splits_replays_into_steps():
-    """Kernels of two replays of a two-step window, three launches a step (the second
-    launch overlapping the first, as with PDL): each step's span runs to the next step's
-    first start (the last step's to its last end), each launch keeps its start after the
-    step's first launch and its device time, and the medians are taken per step position."""
-    mod = _timeline()
-    assert mod.short("_mamba2_prep_kernel") == "prep"
-    assert mod.short("_gdn_nonflush_kernel") == "nonflush"
-
-    def step(t0, nf):
-        return [("_mamba2_prep_kernel", t0, t0 + 5.0), ("_mamba2_nonflush_kernel", t0 + 2.0,
-                                                         t0 + 2.0 + nf),
-                ("_mamba2_flush_kernel", t0 + nf, t0 + nf + 4.0)]
-
-    spans = step(0.0, 100.0) + step(105.0, 300.0) + step(1000.0, 110.0) + step(1115.0, 300.0)
-    replays = mod.split_steps(spans, 3, 2)
-    assert len(replays) == 2 and [len(r) for r in replays] == [2, 2]
-    s = mod.summarize(replays, 2)["steps"]
-    assert s[0]["span"] == pytest.approx(110.0)  # medians of 105 and 115
-    assert s[1]["span"] == pytest.approx(304.0)
-    assert s[0]["nonflush#1"] == pytest.approx((2.0, 105.0))
-    assert s[1]["flush#2"] == pytest.approx((300.0, 4.0))
-    with pytest.raises(ValueError, match="whole replays"):
-        mod.split_steps(spans[:-1], 3, 2)
-
-
-def test_step_timeline_needs_a_gpu(monkeypatch):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="CUDA GPU"):
-        _timeline().main(["--cases", "nemotron-3-super-120b:replay-fp32"])
