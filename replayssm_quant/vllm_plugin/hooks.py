@@ -7,25 +7,25 @@ addresses that layer's own state tensor, and otherwise calls vLLM's kernel uncha
 other layer and model in the process keeps vLLM's behaviour, and vLLM's own control flow
 (splitting prefill and decode rows, the conv kernels, the CUDA-graph padding) stays in charge.
 
-All of this runs inside vLLM's opaque custom ops, so torch.compile never traces it.
+All of this runs inside vLLM's opaque custom ops, so torch.compile never traces it. The wrapping
+and the running-layer slot are :mod:`replayssm_quant.interception`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from typing import Any
 
 import torch
 
+from .. import interception
 from . import runtime
 
 __all__ = ["active", "current_layer", "install"]
 
-_CURRENT: ContextVar[Any] = ContextVar("replayssm_quant_layer", default=None)
-_MARK = "__replayssm_quant_original__"
+_CURRENT: interception.ContextSlot[Any] = interception.ContextSlot("replayssm_quant_layer")
+_MARK = interception.ORIGINAL  # where a wrapper keeps vLLM's kernel (tests substitute it there)
 
 MAMBA2_MODULE = "vllm.model_executor.layers.mamba.mamba_mixer2"
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -34,11 +34,8 @@ GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 @contextlib.contextmanager
 def active(layer: Any) -> Iterator[None]:
     """Mark ``layer`` as the layer whose forward is running."""
-    token = _CURRENT.set(layer)
-    try:
+    with _CURRENT.holding(layer):
         yield
-    finally:
-        _CURRENT.reset(token)
 
 
 def current_layer() -> Any:
@@ -58,7 +55,7 @@ def _owner(state: Any, kind: str) -> Any:
 
 def _passthrough(wrapper: Callable) -> Callable:
     """vLLM's kernel behind ``wrapper``, looked up at call time (tests substitute it)."""
-    return getattr(wrapper, _MARK)
+    return interception.original(wrapper)
 
 
 def _layer_metadata(layer: Any) -> Any:
@@ -72,7 +69,6 @@ def _layer_metadata(layer: Any) -> Any:
 def _mamba2_decode(original: Callable) -> Callable:
     """``selective_state_update`` / ``selective_state_update_replayssm_output_only``."""
 
-    @functools.wraps(original)
     def wrapper(state, x, dt, A, B, C, D=None, dt_bias=None, *args, **kwargs):
         layer = _owner(state, "mamba2")
         if layer is None:
@@ -96,7 +92,6 @@ def _mamba2_prefill(original: Callable) -> Callable:
     checkpoint slots, start continued prefills from checkpoint + pending records, then refresh
     the checkpoint, read copy and cursor of the prefilled slots."""
 
-    @functools.wraps(original)
     def wrapper(*args, **kwargs):
         layer = _owner(kwargs.get("final_states_out"), "mamba2")
         if layer is None:
@@ -127,7 +122,6 @@ def _mamba2_prefill(original: Callable) -> Callable:
 def _gdn_sigmoid_gating(original: Callable) -> Callable:
     """``fused_sigmoid_gating_delta_rule_update``: decode rows (one token each)."""
 
-    @functools.wraps(original)
     def wrapper(*args, **kwargs):
         layer = _owner(kwargs.get("initial_state"), "gdn")
         if layer is None or args:
@@ -153,7 +147,6 @@ def _gdn_sigmoid_gating(original: Callable) -> Callable:
 def _gdn_packed_decode(original: Callable) -> Callable:
     """``fused_recurrent_gated_delta_rule_packed_decode``: decode-only batches."""
 
-    @functools.wraps(original)
     def wrapper(*args, **kwargs):
         layer = _owner(kwargs.get("initial_state"), "gdn")
         if layer is None or args:
@@ -222,24 +215,16 @@ _PATCHES: dict[str, dict[str, Callable[[Callable], Callable]]] = {
 
 def install(module_name: str) -> None:
     """Wrap the kernel globals of one vLLM layer module (idempotent)."""
-    import importlib
-
-    module = importlib.import_module(module_name)
     for name, make in _PATCHES[module_name].items():
-        fn = getattr(module, name, None)
-        if fn is None:
+        try:
+            interception.install(module_name, name, make)
+        except interception.MissingTarget:
             raise RuntimeError(f"replayssm_quant: {module_name}.{name} is missing; this vLLM "
-                               f"is not the 0.33 series the plugin supports")
-        if getattr(fn, _MARK, None) is not None:
-            continue
-        wrapped = make(fn)
-        setattr(wrapped, _MARK, fn)  # read on every passthrough call
-        setattr(module, name, wrapped)
+                               f"is not the 0.33 series the plugin supports") from None
 
 
 def original(module_name: str, name: str) -> Callable:
     """vLLM's own kernel behind a wrapped global (for tests and debugging)."""
     import importlib
 
-    fn = getattr(importlib.import_module(module_name), name)
-    return getattr(fn, _MARK, fn)
+    return interception.original(getattr(importlib.import_module(module_name), name))
