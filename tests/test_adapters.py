@@ -9,19 +9,18 @@ import pytest
 import torch
 
 from replayssm_quant import kernels
-from replayssm_quant.models import adapters
-from replayssm_quant.models.adapters import (
-    ARCHITECTURES,
-    DecayRecorder,
-    UnsupportedArchitecture,
-    decoder_hidden_states,
-    lm_head_logits,
-    model_shape,
-    patch_model,
-    ssm_layers,
-    tiny_model,
-)
+from replayssm_quant.evals.decay import DecayRecorder
+from replayssm_quant.models import patch
 from replayssm_quant.models.fixture import FIXTURES, fixture, fixture_path
+from replayssm_quant.models.forward import decoder_hidden_states, lm_head_logits
+from replayssm_quant.models.patch import patch_model
+from replayssm_quant.models.registry import (
+    ARCHITECTURES,
+    UnsupportedArchitecture,
+    model_shape,
+    ssm_layers,
+)
+from replayssm_quant.models.tiny import tiny_model
 
 TYPES = sorted(ARCHITECTURES)
 T = 96
@@ -138,7 +137,7 @@ def test_patch_restores_after_error(tiny, monkeypatch):
         with patch_model(model, "shared-fp8", prefill=PREFILL):
             _logits(model, ids)
     assert getattr(mod, arch.scan) is before
-    assert adapters._CURRENT.get() is None
+    assert patch._ACTIVE.get() is None
 
 
 def test_hidden_states_and_head_compose_to_logits(tiny):

@@ -14,8 +14,8 @@ from replayssm_quant.evals.data import (
     DataUnavailable,
     load_documents,
 )
-from replayssm_quant.models import adapters
-from replayssm_quant.models.adapters import byte_tokenizer, tiny_model
+from replayssm_quant.models import loading
+from replayssm_quant.models.tiny import byte_tokenizer, tiny_model
 
 BOOK = "It is a truth universally acknowledged, that a single man in possession of a good " \
        "fortune, must be in want of a wife. " * 40
@@ -99,7 +99,7 @@ def test_pg19_unreachable_hub_fails_fast(monkeypatch, tok):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(adapters, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataUnavailable, match=r"other/pg19, split validation\) is not reachable"):
         load_documents("pg19:other/pg19:validation", tok, max_tokens=10)
 
@@ -115,7 +115,7 @@ def test_pg19_rows_become_documents(monkeypatch, tok):
         return iter(_pg19_rows(5))
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.setattr(adapters, "hub_offline", lambda: True)
+    monkeypatch.setattr(loading, "hub_offline", lambda: True)
     docs = load_documents("pg19", tok, max_tokens=32, docs=2)
     assert seen == {"repo": "emozilla/pg19-test", "split": "test", "streaming": True}
     assert [d.name for d in docs] == ["Book 0", "Book 1"]

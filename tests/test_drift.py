@@ -33,8 +33,9 @@ from replayssm_quant.evals.stats import (
     paired_bootstrap,
     proportion_ci,
 )
-from replayssm_quant.models.adapters import ssm_layers, tiny_model
 from replayssm_quant.models.fixture import FIXTURES, fixture, fixture_path
+from replayssm_quant.models.registry import ssm_layers
+from replayssm_quant.models.tiny import tiny_model
 from replayssm_quant.precision import split_configs
 
 TEXT = ("Now is the winter of our discontent made glorious summer by this sun of York; and all "
@@ -404,7 +405,7 @@ def test_rerun_of_finished_run_is_a_no_op(tmp_path, monkeypatch):
 
 
 def test_model_name_resolution_errors():
-    from replayssm_quant.models.adapters import ModelUnavailable, load_model
+    from replayssm_quant.models.loading import ModelUnavailable, load_model
 
     with pytest.raises(ModelUnavailable, match="cannot load model"):
         load_model("/nonexistent/model/folder")

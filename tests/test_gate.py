@@ -331,7 +331,7 @@ def real_drift(tmp_path_factory):
     """A real drift folder: the drift command's own writer on a tiny random Mamba-2 model."""
     from replayssm_quant.evals.data import Document
     from replayssm_quant.evals.drift import run_drift
-    from replayssm_quant.models.adapters import tiny_model
+    from replayssm_quant.models.tiny import tiny_model
 
     model, _ = tiny_model("nemotron_h")
     g = torch.Generator().manual_seed(0)

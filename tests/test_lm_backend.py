@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from replayssm_quant.models.adapters import tiny_model
 from replayssm_quant.models.decode import STEP_FUNCTIONS, ReplayDecoder
 from replayssm_quant.models.fixture import FIXTURES, fixture_path
+from replayssm_quant.models.tiny import tiny_model
 
 NEAR_TIE = 1e-4
 GEN_TOKENS = 256
@@ -111,7 +111,7 @@ def test_hooks_route_state_and_restore(model_tok):
     """A narrow shared state changes the scores (the replay state is really used), and the
     patched step function is restored afterwards."""
     model, tok = model_tok
-    from replayssm_quant.models.adapters import architecture
+    from replayssm_quant.models.registry import architecture
 
     arch = architecture(model)
     mod = importlib.import_module(arch.module)
@@ -142,7 +142,7 @@ def test_decode_path_agrees_with_teacher_forced_emulation(model_tok):
     and a one-ulp input difference can flip a narrow checkpoint's rounding decision, which then
     persists in the state. Mamba-2's dt is clamped to ``time_step_limit`` as the forward (and
     the emulation) does; ``generate()`` does not clamp, and the fixture has dt below it."""
-    from replayssm_quant.models.adapters import patch_model
+    from replayssm_quant.models.patch import patch_model
 
     model, tok = model_tok
     ids = tok(PROMPT * 3)["input_ids"][:72]

@@ -165,7 +165,8 @@ def register(app: typer.Typer) -> None:
 
         from ..evals.data import DataError, DataUnavailable
         from ..evals.drift import NaNLogitsError, run_drift
-        from ..models.adapters import ModelUnavailable, UnsupportedArchitecture
+        from ..models.loading import ModelUnavailable
+        from ..models.registry import UnsupportedArchitecture
 
         err = Console(stderr=True, width=max(Console(stderr=True).width, 150))
         console = Console(width=max(Console().width, 150))
@@ -191,12 +192,11 @@ def register(app: typer.Typer) -> None:
                    TimeRemainingColumn())
         progress = Progress(*columns, console=err, transient=True)
         try:
-            for c in cfg_list:
-                parse_config(c)
+            cfgs = [parse_config(c) for c in cfg_list]
             for name in names:
                 folder = out if len(names) == 1 else out / _slug(name)
                 t1 = time.perf_counter()
-                r = run_drift(name, cfg_list, data, max_tokens=max_tokens, docs=docs,
+                r = run_drift(name, cfgs, data, max_tokens=max_tokens, docs=docs,
                               prefill=prefill, seed=seed, out=folder, device=dev, dtype=dt,
                               reference=reference, keep_reference=keep_reference,
                               pg19_repo=pg19_repo, pg19_split=pg19_split,

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..models import adapters
+from ..models import loading
 
 __all__ = [
     "PG19_REPO",
@@ -161,7 +161,7 @@ def read_pg19(repo: str = PG19_REPO, split: str = PG19_SPLIT) -> Iterator[_Text]
         raise DataUnavailable(
             "PG-19 needs the 'datasets' package: pip install 'replayssm-quant[eval]'; or " + hint
         ) from None
-    if not adapters.hub_offline() and not adapters.hub_reachable():
+    if not loading.hub_offline() and not loading.hub_reachable():
         raise DataUnavailable(f"PG-19 ({repo}, split {split}) is not reachable: the Hugging Face "
                               f"hub cannot be contacted (offline?); {hint}")
     try:

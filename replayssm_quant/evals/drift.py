@@ -3,7 +3,7 @@
 For each document the reference runs once: the model's own exact FP32 forward (its chunked scan
 keeps the SSM state in FP32; conventional FP32 decoding computes the same recurrence). Each
 config then runs the same tokens with every SSM layer emulating its decode numerics after the
-first ``prefill`` tokens (:func:`replayssm_quant.models.adapters.patch_model`). Per evaluated
+first ``prefill`` tokens (:func:`replayssm_quant.models.patch.patch_model`). Per evaluated
 position ``t`` (the prediction of token ``t + 1``, ``prefill <= t < T - 1``) it records
 KL(ref || cand) of the next-token distributions, whether the two top-1 tokens agree, the change
 of the probability of the actual next token and both negative log-likelihoods.
@@ -36,17 +36,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..models.adapters import (
-    DecayRecorder,
-    architecture,
-    decoder_hidden_states,
-    lm_head_logits,
-    load_model,
-    model_shape,
-    patch_model,
-)
+from ..models.forward import decoder_hidden_states, lm_head_logits
+from ..models.loading import load_model
+from ..models.patch import patch_model
+from ..models.registry import architecture, model_shape
 from ..precision import PRESETS, PrecisionConfig, parse_config
 from .data import PG19_REPO, PG19_SPLIT, Document, load_documents
+from .decay import DecayRecorder
 from .stats import drift_stats, log_buckets
 
 __all__ = [
@@ -276,7 +272,7 @@ def run_drift(
     """Measure the teacher-forced KL drift of ``configs`` on ``data``.
 
     ``model_or_name``: a loaded model (pass its ``tokenizer`` unless ``data`` is a list of
-    documents) or a name for :func:`~replayssm_quant.models.adapters.load_model` (fixture, hub
+    documents) or a name for :func:`~replayssm_quant.models.loading.load_model` (fixture, hub
     id, local folder, ``random:<model_type>``). ``data``: a spec for
     :func:`~replayssm_quant.evals.data.load_documents` or ready documents. With ``out`` every
     result is written there and a rerun resumes; without it nothing touches the disk.

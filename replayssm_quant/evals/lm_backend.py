@@ -103,7 +103,7 @@ class ReplaySSMLM(TemplateLM):
             model = pretrained
             name = str(getattr(model.config, "name_or_path", "") or type(model).__name__)
         else:
-            from ..models.adapters import load_model
+            from ..models.loading import load_model
 
             if dtype not in _DTYPES:
                 raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")

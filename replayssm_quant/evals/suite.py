@@ -1,7 +1,7 @@
 """Run the task suite for one model over several precision configs, resumably, and summarise.
 
 Output folder (``out``, one model; the task ``summary.json`` schema of
-:mod:`replayssm_quant.evals.results`)::
+:mod:`replayssm_quant.results`)::
 
     summary.json                       per (task, config): n, accuracy + CI, paired delta vs the
                                        reference + bootstrap CI, McNemar p, flip/truncation/
@@ -186,7 +186,7 @@ def _make_lm(settings: SuiteSettings, cfg: PrecisionConfig, loaded: dict[str, An
     from .lm_backend import _DTYPES, ReplaySSMLM
 
     if "model" not in loaded:
-        from ..models.adapters import load_model
+        from ..models.loading import load_model
 
         loaded["model"], loaded["tokenizer"] = load_model(
             settings.model, device=settings.device, dtype=_DTYPES[settings.dtype])
@@ -300,7 +300,7 @@ def _check_model(out: Path, model: str) -> None:
 def _shape(model: Any) -> dict[str, Any] | None:
     if model is None:
         return None
-    from ..models.adapters import model_shape
+    from ..models.registry import model_shape
 
     try:
         s = model_shape(model)

@@ -16,10 +16,8 @@ torch reference.
 
 from __future__ import annotations
 
-import contextvars
-import importlib
+import functools
 import inspect
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +25,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import interception
 from ..precision import PrecisionConfig, parse_config
 from ..ssm import gdn as ref_gdn
 from ..ssm import mamba2 as ref_mamba2
 from ..ssm.replay import ACT_DTYPES, ReplayState, load_state
-from .adapters import SSMLayer, architecture, ssm_layers
+from .patch import gdn_l2norm
+from .registry import SSMLayer, architecture, ssm_layers
 
 __all__ = [
     "DecodeHookError",
@@ -79,60 +79,36 @@ class _Active:
     layer: SSMLayer
 
 
-_CURRENT: contextvars.ContextVar[_Active | None] = contextvars.ContextVar(
-    "replayssm_decode_layer", default=None)
-_LOCK = threading.Lock()
-_INSTALLED: dict[tuple[str, str], list] = {}  # (module, fn) -> [original, replacement, refcount]
+_ACTIVE: interception.ContextSlot[_Active] = interception.ContextSlot("replayssm_decode_layer")
+"""The session and layer whose mixer forward is running in this thread / task."""
 
 
 def _make_step(original: Callable, kind: str) -> Callable:
     def step(*args, **kwargs):
-        active = _CURRENT.get()
+        active = _ACTIVE.get()
         if active is None or not active.session.decoding:
             return original(*args, **kwargs)
         if kind == "mamba2":
             return active.session.mamba2_step(active.layer, *args, **kwargs)
         return active.session.gdn_step(active.layer, *args, **kwargs)
 
-    step.__wrapped__ = original
-    step.__name__ = getattr(original, "__name__", "step")
-    step.__doc__ = getattr(original, "__doc__", None)
     return step
 
 
-def _install(module_name: str, kind: str) -> tuple[str, str]:
+_MAKE_STEP: dict[str, interception.MakeWrapper] = {
+    kind: functools.partial(_make_step, kind=kind) for kind in STEP_FUNCTIONS}
+"""One wrapper maker per SSM kind (the same object every time, as the refcount requires)."""
+
+
+def _acquire_step(module_name: str, kind: str) -> tuple[str, str]:
+    """Route ``kind``'s single-token state update in ``module_name`` through the sessions."""
     key = (module_name, STEP_FUNCTIONS[kind])
-    with _LOCK:
-        if key in _INSTALLED:
-            _INSTALLED[key][2] += 1
-            return key
-        mod = importlib.import_module(module_name)
-        original = getattr(mod, key[1], None)
-        if original is None:
-            raise DecodeHookError(f"{module_name} has no {key[1]}; this transformers version "
-                                  "is not supported by the ReplaySSM decoder")
-        replacement = _make_step(original, kind)
-        setattr(mod, key[1], replacement)
-        _INSTALLED[key] = [original, replacement, 1]
+    try:
+        interception.acquire(*key, _MAKE_STEP[kind])
+    except interception.MissingTarget:
+        raise DecodeHookError(f"{module_name} has no {key[1]}; this transformers version "
+                              "is not supported by the ReplaySSM decoder") from None
     return key
-
-
-def _uninstall(key: tuple[str, str]) -> None:
-    with _LOCK:
-        entry = _INSTALLED.get(key)
-        if entry is None:
-            return
-        entry[2] -= 1
-        if entry[2] == 0:
-            mod = importlib.import_module(key[0])
-            if getattr(mod, key[1]) is entry[1]:
-                setattr(mod, key[1], entry[0])
-            del _INSTALLED[key]
-
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """The transformers GDN normalisation (``rsqrt(sum x^2 + eps)``), bit for bit."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 # ----------------------------------------------------------------------------------- session
@@ -197,7 +173,7 @@ class _Session:
         rs = self.states[layer.layer]
         q, k = query[:, 0].float(), key[:, 0].float()
         if use_qk_l2norm_in_kernel:
-            q, k = _l2norm(q), _l2norm(k)
+            q, k = gdn_l2norm(q), gdn_l2norm(k)
         q = q / (q.shape[-1] ** 0.5)
         hk = layer.groups
         if q.shape[1] != hk:  # the mixer repeated key heads over value heads
@@ -220,7 +196,7 @@ class _Session:
 
     def _kernel_cache(self, layer: SSMLayer):
         if layer.layer not in self.kernels:
-            from ..kernels.cache import cache_from_reference
+            from ..kernels.core.cache import cache_from_reference
 
             self.kernels[layer.layer] = cache_from_reference(self.states[layer.layer])
         return self.kernels[layer.layer]
@@ -367,26 +343,12 @@ class ReplayDecoder:
             self._exit(hooks)
 
     def _enter(self, session: _Session) -> list:
-        key = _install(self.arch.module, self.arch.kind)
-        handles: list = []
-        tokens: list[contextvars.Token] = []
-
-        def make_pre(layer: SSMLayer):
-            def pre(module, args, kwargs):
-                tokens.append(_CURRENT.set(_Active(session, layer)))
-
-            return pre
-
-        def post(module, args, output):
-            if tokens:
-                _CURRENT.reset(tokens.pop())
-
+        key = _acquire_step(self.arch.module, self.arch.kind)
         try:
-            for s in self.layers:
-                handles.append(s.module.register_forward_pre_hook(make_pre(s), with_kwargs=True))
-                handles.append(s.module.register_forward_hook(post, always_call=True))
+            handles = interception.hold_during_forward(
+                _ACTIVE, ((s.module, _Active(session, s)) for s in self.layers))
         except BaseException:
-            self._exit([key, handles])
+            interception.release(*key)
             raise
         return [key, handles]
 
@@ -395,7 +357,7 @@ class ReplayDecoder:
         key, handles = hooks
         for h in handles:
             h.remove()
-        _uninstall(key)
+        interception.release(*key)
 
     # -- public API
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
