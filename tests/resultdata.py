@@ -1,5 +1,5 @@
 """Result folders for the recommender, report and gate tests, in the exact schema the drift and
-eval commands write (see replayssm_quant/evals/results.py), with chosen numbers."""
+eval commands write (see replayssm_quant/results/model.py), with chosen numbers."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from replayssm_quant.cli.app import app
-from replayssm_quant.evals.results import ResultsError, load_results
 from replayssm_quant.recommend import Budget, InputError, load_benchmark, recommend
+from replayssm_quant.results import ResultsError, load_results
 from tests.resultdata import write_bench, write_drift, write_tasks
 
 # Cheapest first in state bytes for the Nemotron-3-Nano shape:

@@ -15,9 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from replayssm_quant.cli.app import app
-from replayssm_quant.evals.results import load_results
-from replayssm_quant.recommend import Budget
 from replayssm_quant.report import build_report
+from replayssm_quant.results import Budget, load_results
 from tests.headless_chromium import drawn_fraction, find_chromium, inspect_page
 from tests.resultdata import write_bench, write_drift
 
@@ -176,7 +175,7 @@ def test_browser_checks_catch_errors_and_blank_images(tmp_path):
 def test_real_task_summary_loads(inputs):
     m = load_results([inputs["drift"], inputs["tasks"]]).model()
     assert m.tasks.tasks == ["gpqa_diamond", "mmlu_pro"]
-    assert m.tasks.reference == "ckpt=fp32,read=none,L=1"
+    assert str(m.tasks.reference) == "ckpt=fp32,read=none,L=1"
     assert not m.issues
     row = m.tasks.row("gpqa_diamond", "shared-nvfp4")
     assert row.n == 120 and row.delta < -0.1 and row.drop_hi_points > 10

@@ -282,9 +282,9 @@ def test_suite_end_to_end_two_configs(tmp_path, data, task_manager):
     assert sum(g["truncated"] for g in gens) == 1
 
     # the shared results loader (recommender, gate) accepts the summary
-    results = pytest.importorskip("replayssm_quant.evals.results")
+    results = pytest.importorskip("replayssm_quant.results")
     loaded = results.load_tasks(out)[model]
-    assert loaded.reference == "ckpt=fp32,read=none,L=1" and len(loaded.rows) == 6
+    assert str(loaded.reference) == "ckpt=fp32,read=none,L=1" and len(loaded.rows) == 6
 
     # resumable: nothing runs again, same summary
     again = run_suite(settings, out, progress=_Plan(), task_manager=task_manager,

@@ -23,7 +23,7 @@ def budget_from_options(budget_file: Path | None, *, max_kl: float | None = None
                         max_ppl_ratio: float | None = None,
                         require_tasks: bool | None = None):
     """The defaults, then the budget file, then the flags that were given."""
-    from ..recommend import Budget
+    from ..results import Budget
 
     b = Budget.from_yaml(budget_file) if budget_file is not None else Budget()
     flags = {"max_kl": max_kl, "kl_stat": kl_stat, "bucket": bucket,
@@ -34,8 +34,7 @@ def budget_from_options(budget_file: Path | None, *, max_kl: float | None = None
 
 def load_inputs(paths: list[Path], bench: Path | None):
     """Results and the optional benchmark; raises the loaders' errors."""
-    from ..evals.results import load_results
-    from ..recommend import load_benchmark
+    from ..results import load_benchmark, load_results
 
     return load_results(paths), (load_benchmark(bench) if bench is not None else None)
 
@@ -93,8 +92,9 @@ def register(app: typer.Typer) -> None:
         budget, say why each cheaper one was rejected, and write recommendation.json and
         recommendation.md. Exit 0 with a pick, 3 when no config qualifies (the closest one is
         named), 2 on bad input."""
-        from ..evals.results import ResultsError
-        from ..recommend import InputError, recommend
+        from ..recommend import recommend
+        from ..report import recommendation_markdown
+        from ..results import InputError, ResultsError
 
         try:
             b = budget_from_options(budget, max_kl=max_kl, kl_stat=kl_stat, bucket=bucket,
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
                             cost_basis=cost)
         except (InputError, ResultsError) as e:
             raise bad_input(str(e)) from None
-        files = rec.write(out)
+        files = rec.write(out, recommendation_markdown(rec))
         if as_json:
             typer.echo(json.dumps(rec.to_dict(), indent=2))
         else:

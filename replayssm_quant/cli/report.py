@@ -39,10 +39,9 @@ def register(app: typer.Typer) -> None:
         model: KL vs position, per-bucket KL, task accuracy with paired deltas and truncation,
         costs, the decay spectrum and the recommendation with its reasons. Exit 2 on bad
         input."""
-        from ..evals.results import ResultsError
-        from ..recommend import InputError
         from ..report import build_report
         from ..report.render import slug
+        from ..results import InputError, ResultsError
 
         try:
             b = budget_from_options(budget)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..evals.results import DriftResults, TaskResults
     from ..recommend import Recommendation
+    from ..results import DriftResults, TaskResults
 
 __all__ = ["cost_tradeoff", "decay_spectrum", "kl_vs_position", "task_accuracy"]
 

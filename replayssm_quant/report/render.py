@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..evals.results import ModelResults
+from ..results import ModelResults
 from . import plots
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ def _candidate_table(rec: Recommendation) -> Table:
             verdict = "qualifies (costs more)"
         else:
             verdict = "rejected"
-        rows.append([str(i), c.name, c.config, _cost_cell(rec, c),
+        rows.append([str(i), c.name, str(c.config), _cost_cell(rec, c),
                      f"{c.cost.traffic_vs_fp32:.3f}", verdict,
                      "; ".join(c.reasons()) if not c.qualifies else ""])
     return Table("Candidates, cheapest first", head, rows, right={0, 3, 4})
@@ -488,7 +488,7 @@ def _cost_section(rec: Recommendation, bench: Benchmark | None) -> Section:
         head += [f"measured µs/step (batch {bench_info['batch']})", "speed-up vs conv. FP32"]
     rows = []
     for c in sorted(rec.candidates, key=lambda c: c.cost.bytes_per_step):
-        row = [c.name, c.config, fmt_bytes(c.cost.bytes_per_step)]
+        row = [c.name, str(c.config), fmt_bytes(c.cost.bytes_per_step)]
         if layers:
             row.append(fmt_bytes(c.cost.bytes_per_step * layers))
         row += [f"{c.cost.traffic_vs_fp32:.3f}", fmt_bytes(c.cost.state_bytes)]
