@@ -39,7 +39,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from replayssm_quant.kernels.cache import alloc_gdn_cache, alloc_mamba2_cache
 
 from benchmarks import harness
 from benchmarks.harness import copy_bandwidth, time_graph, write_rows
@@ -47,6 +46,7 @@ from benchmarks.targets import evaluate
 from benchmarks.targets import main as targets_main
 from benchmarks.targets import markdown as targets_markdown
 from replayssm_quant import formats as F
+from replayssm_quant.kernels.core.cache import alloc_gdn_cache, alloc_mamba2_cache
 from replayssm_quant.kernels.gdn import gdn_decode_step
 from replayssm_quant.kernels.mamba2 import mamba2_decode_step
 from replayssm_quant.kernels.plan import step_plan

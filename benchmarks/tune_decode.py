@@ -28,7 +28,6 @@ if SMOKE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-from replayssm_quant.kernels.cache import cache_from_reference  # noqa: E402
 from triton.errors import TritonError  # noqa: E402
 
 from benchmarks.decode import (  # noqa: E402
@@ -43,7 +42,9 @@ from benchmarks.decode import (  # noqa: E402
 from benchmarks.harness import copy_bandwidth  # noqa: E402
 from replayssm_quant import formats as F  # noqa: E402
 from replayssm_quant.kernels import gdn as kg  # noqa: E402
+from replayssm_quant.kernels import knobs  # noqa: E402
 from replayssm_quant.kernels import mamba2 as km  # noqa: E402
+from replayssm_quant.kernels.core.cache import cache_from_reference  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes  # noqa: E402
 from replayssm_quant.ssm import gdn, mamba2  # noqa: E402
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs  # noqa: E402
@@ -349,18 +350,18 @@ def main(argv=None) -> int:
     ap.add_argument("--fstages", type=int, nargs="*", default=[0],
                     help="software-pipelining stages of the persistent flush loop (0: the "
                          "library's default for the config)")
-    ap.add_argument("--folds", nargs="*", default=["dot"], choices=list(km.FLUSH_FOLDS),
+    ap.add_argument("--folds", nargs="*", default=["dot"], choices=list(knobs.FLUSH_FOLDS),
                     help="flush_fold values to sweep")
     ap.add_argument("--orders", nargs="*", default=["row"], choices=["row", "tile"],
                     help="grid orders of the conventional / non-flush launches to sweep "
                          "(row: (rows, heads, tiles); tile: (tiles, heads, rows))")
     ap.add_argument("--fprecs", nargs="*", default=["default"],
-                    choices=["default", *km.FOLD_PRECISIONS],
+                    choices=["default", *knobs.FOLD_PRECISIONS],
                     help="flush_precision values to sweep (default: the library's choice, "
                          "default_fold_precision)")
-    ap.add_argument("--check-flush-precision", choices=list(km.FOLD_PRECISIONS), default=None,
+    ap.add_argument("--check-flush-precision", choices=list(knobs.FOLD_PRECISIONS), default=None,
                     help="run the preset checks with this flush_precision")
-    ap.add_argument("--check-fold", choices=list(km.FLUSH_FOLDS), default=None,
+    ap.add_argument("--check-fold", choices=list(knobs.FLUSH_FOLDS), default=None,
                     help="run the preset checks with this flush_fold (default: the library's)")
     ap.add_argument("--check-nan-state", action="store_true",
                     help="preset checks with one NaN element in the first row's state: the "
@@ -373,7 +374,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vwarps", type=int, nargs="*", default=[4, 8])
     ap.add_argument("--vchunks", type=int, nargs="*", default=[16, 32],
                     help="state columns per product of the verify (its ``chunk``)")
-    ap.add_argument("--vprecs", nargs="*", default=["auto"], choices=list(km.DOT_PRECISIONS),
+    ap.add_argument("--vprecs", nargs="*", default=["auto"], choices=list(knobs.DOT_PRECISIONS),
                     help="the verify's dot_precision values to sweep (and to check)")
     ap.add_argument("--profile", action="store_true",
                     help="with --verify: device time per kernel of the default verify (profiler)")

@@ -212,7 +212,7 @@ def main(argv=None) -> int:
             print(f"{head} win {m['window_us']:8.1f} nf {m['nonflush_us']:8.1f} "
                   f"fl {m['flush_us']:8.1f}", flush=True)
     if args.resident:
-        from replayssm_quant.kernels.persistent import resident_table
+        from replayssm_quant.kernels.core.persistent import resident_table
 
         for name, knobs, n in resident_table():
             print(f"{args.tag} resident {name} {json.dumps(knobs)} {n}", flush=True)
