@@ -9,14 +9,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..precision import PRESETS, SHAPES, parse_config, resolve_shape, step_bytes
+from ..precision import PRESETS, SHAPES, ModelShape, PrecisionConfig, parse_config, resolve_shape, step_bytes
 
 
-def configs_table(shape_name: str, extra: list[str] | None = None) -> list[dict]:
-    """One row per preset (plus extra config strings) for ``shape_name``."""
-    shape = resolve_shape(shape_name)
+def configs_table(shape: ModelShape, extra: list[PrecisionConfig] | None = None) -> list[dict]:
+    """One row per preset (plus ``extra`` configs) for ``shape``."""
     base = step_bytes(PRESETS["fp32"], shape).window_average
-    cfgs = list(PRESETS.values()) + [parse_config(c) for c in (extra or [])]
+    cfgs = list(PRESETS.values()) + list(extra or [])
     rows = []
     for cfg in cfgs:
         b = step_bytes(cfg, shape)
@@ -55,7 +54,8 @@ def register(app: typer.Typer) -> None:
             _print_vllm_page(shape, config, tp, as_json)
             return
         try:
-            rows = configs_table(shape, config)
+            layer_shape = resolve_shape(shape)
+            rows = configs_table(layer_shape, [parse_config(c) for c in config or []])
         except ValueError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
@@ -78,7 +78,8 @@ def _print_vllm_page(shape: str, config: list[str] | None, tp: int, as_json: boo
     from ..vllm_plugin.layout import vllm_page_table
 
     try:
-        rows = vllm_page_table(shape, config or [], tp=tp)
+        layer_shape = resolve_shape(shape)
+        rows = vllm_page_table(layer_shape, [parse_config(c) for c in config or []], tp=tp)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

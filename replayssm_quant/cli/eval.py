@@ -138,14 +138,13 @@ def register(app: typer.Typer) -> None:
         CI, McNemar p, flip, truncation and invalid-answer rates."""
         from ..evals.suite import SuiteSettings, run_suite
         from ..evals.tasks import TaskDataError, resolve_tasks
-        from ..precision import parse_config
+        from ..precision import PRESETS, parse_config
 
         console = Console(stderr=True)
         try:
             specs = resolve_tasks(tasks)
             cfg_list = split_configs(configs or [DEFAULT_CONFIGS])
-            for c in cfg_list:
-                parse_config(c)
+            cfgs = [parse_config(c) for c in cfg_list]
             if backend not in ("hf", "vllm"):
                 raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
             if backend == "vllm":
@@ -179,7 +178,7 @@ def register(app: typer.Typer) -> None:
                    TimeElapsedColumn())
         try:
             with Progress(*columns, console=console, transient=False) as progress:
-                n_cfg = len({str(parse_config(c)) for c in ["fp32", *cfg_list]})
+                n_cfg = len({str(c) for c in [PRESETS["fp32"], *cfgs]})
                 result = run_suite(settings, out, resamples=resamples,
                                    progress=_Progress(progress, console, len(specs) * n_cfg))
         except (TaskDataError, ValueError, OSError) as e:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..precision import PRESETS, SHAPES, parse_config, resolve_shape, step_bytes
+from ..precision import PRESETS, SHAPES, ModelShape, PrecisionConfig, parse_config, resolve_shape, step_bytes
 
 DEFAULT_CONFIGS = ("fp32", "replay-fp32", "nvfp4-read/fp16-sr")
 
@@ -30,16 +30,14 @@ def parse_knobs(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def plan_rows(shape_name: str, configs: list[str], batches: list[int], target: str,
+def plan_rows(shape: ModelShape, configs: list[PrecisionConfig], batches: list[int], target: str,
               knobs: dict[str, Any]) -> list[dict[str, Any]]:
     """One dict per (config, batch): the plan (``StepPlan.to_dict``) plus the state bytes the
     whole batch moves on a non-flush and a flush step (``precision.step_bytes``)."""
     from ..kernels.plan import step_plan
 
-    shape = resolve_shape(shape_name)
     out = []
-    for c in configs:
-        cfg = parse_config(c)
+    for cfg in configs:
         for b in batches:
             try:
                 plan = step_plan(shape, cfg, b, target, **knobs)
@@ -84,7 +82,10 @@ def register(app: typer.Typer) -> None:
         if configs == ["all"]:
             configs = list(PRESETS)
         try:
-            rows = plan_rows(shape, configs, list(batch or [1, 256]), target, parse_knobs(knob))
+            knobs = parse_knobs(knob)
+            layer_shape = resolve_shape(shape)
+            cfgs = [parse_config(c) for c in configs]
+            rows = plan_rows(layer_shape, cfgs, list(batch or [1, 256]), target, knobs)
         except ValueError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None

@@ -16,6 +16,7 @@ disagree. This module imports no vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import prod
 
@@ -248,12 +249,12 @@ def vllm_page(shape: ModelShape | str, cfg: PrecisionConfig | str, *, tp: int = 
     return extend_page(shape.kind, cfg, shapes, dtypes, groups=groups, act_dtype=act_dtype)
 
 
-def vllm_page_table(shape_name: str, extra: list[str] | None = None, *, tp: int = 1
-                    ) -> list[dict]:
-    """One row per preset (plus extra config strings): bytes one request holds in vLLM's cache
-    for one SSM layer of ``shape_name`` (per TP rank, before vLLM pads the page to the attention
-    page size), broken down by role, and the ratio to vLLM's stock FP32 page."""
-    shape = resolve_shape(shape_name)
+def vllm_page_table(shape: ModelShape | str, extra: Sequence[PrecisionConfig | str] | None = None, *,
+                    tp: int = 1) -> list[dict]:
+    """One row per preset (plus ``extra`` configs): bytes one request holds in vLLM's cache for
+    one SSM layer of ``shape`` (per TP rank, before vLLM pads the page to the attention page
+    size), broken down by role, and the ratio to vLLM's stock FP32 page."""
+    shape = resolve_shape(shape) if isinstance(shape, str) else shape
     stock_s, stock_d = stock_page(shape, PRESETS["fp32"], tp=tp)
     stock = sum(prod(s) * d.itemsize for s, d in zip(stock_s, stock_d, strict=True))
     rows = []
