@@ -97,6 +97,29 @@ def _quiet() -> None:
         pass
 
 
+def _probe_options(model: str, specs: list[Any], context_lengths: str,
+                   ruler_subtasks: str | None, carry_terms: int
+                   ) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """Checked ``--context-lengths`` and ``--ruler-subtasks`` (a ``ValueError`` per bad one)."""
+    from ..evals.ruler import (
+        check_context_lengths,
+        parse_context_lengths,
+        plan,
+        resolve_subtasks,
+        tokenizer_source,
+    )
+
+    lengths = parse_context_lengths(context_lengths)
+    subtasks = resolve_subtasks(ruler_subtasks) if ruler_subtasks else None
+    if carry_terms < 2:
+        raise ValueError("--carry-terms must be >= 2")
+    if any(s.key == "ruler" for s in specs):
+        tokenizer_source(model)
+        check_context_lengths(model, lengths)
+        plan(resolve_subtasks(subtasks), lengths)
+    return lengths, subtasks
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_(
@@ -105,7 +128,9 @@ def register(app: typer.Typer) -> None:
                  "local folder of a NemotronH / Qwen3.5 / Qwen3-Next model, or "
                  "random:<model_type>.")],
         tasks: Annotated[str, typer.Option(
-            help="Comma-separated: gpqa_diamond, mmlu_pro, math_l5.")] = DEFAULT_TASKS,
+            help="Comma-separated: gpqa_diamond, mmlu_pro, math_l5, and the generated probes "
+                 "ruler (lm-eval's RULER at --context-lengths) and carry_chain (a 1,000+ token "
+                 "running sum in MATH's answer format; docs/probes.md).")] = DEFAULT_TASKS,
         configs: Annotated[list[str] | None, typer.Option(
             "--configs", "-c",
             help="Precision configs (presets or 'ckpt=..,read=..,L=..'), comma-separated or "
@@ -115,7 +140,9 @@ def register(app: typer.Typer) -> None:
                  "mmlu_pro/{test,validation}*.parquet, math/test.jsonl ...); default: the "
                  "Hugging Face hub.")] = None,
         limit: Annotated[float | None, typer.Option(
-            help="Items per lm-eval task (groups: per subject); < 1 is a fraction.")] = None,
+            help="Items per lm-eval task (groups: per subject); < 1 is a fraction. ruler: items "
+                 "generated per subtask and context length (default 500); carry_chain: "
+                 "problems generated (default 100).")] = None,
         max_gen_toks: Annotated[int, typer.Option(
             help="Generation limit for every task; answers that hit it are counted as "
                  "truncated.")] = 32768,
@@ -132,6 +159,19 @@ def register(app: typer.Typer) -> None:
             help="Compute dtype: float32, bfloat16, float16 (vllm: also auto).")] = "float32",
         batch_size: Annotated[int, typer.Option(help="Sequences decoded together.")] = 8,
         resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
+        context_lengths: Annotated[str, typer.Option(
+            help="ruler: comma-separated context lengths in tokens of the model's tokenizer "
+                 "(lm-eval's max_seq_lengths metadata); results per subtask and length.")
+        ] = "2048,4096",
+        ruler_subtasks: Annotated[str | None, typer.Option(
+            help="ruler: comma-separated subtasks. Offline (synthetic haystacks, the default): "
+                 "niah_single_1, niah_multikey_2, niah_multikey_3, vt (vt needs lengths >= "
+                 "1024). Need the hub (Paul Graham essay haystack and nltk punkt_tab): "
+                 "niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, "
+                 "niah_multiquery.")] = None,
+        carry_terms: Annotated[int, typer.Option(
+            help="carry_chain difficulty: numbers summed per problem (48: ~1,250-token "
+                 "solutions).")] = 48,
     ) -> None:
         """Run the task suite under each config and compare every config with the FP32
         reference on identical items: accuracy with CI, paired difference with a bootstrap
@@ -143,6 +183,8 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         try:
             specs = resolve_tasks(tasks)
+            lengths, subtasks = _probe_options(model, specs, context_lengths, ruler_subtasks,
+                                               carry_terms)
             cfg_list = split_configs(configs or [DEFAULT_CONFIGS])
             cfgs = [parse_config(c) for c in cfg_list]
             if backend not in ("hf", "vllm"):
@@ -172,7 +214,8 @@ def register(app: typer.Typer) -> None:
         settings = SuiteSettings(
             model=model, tasks=tuple(s.key for s in specs), configs=tuple(cfg_list), limit=lim,
             max_gen_toks=max_gen_toks, seed=seed, data=str(data.resolve()) if data else None,
-            backend=backend, dtype=dtype, device=device, batch_size=batch_size)
+            backend=backend, dtype=dtype, device=device, batch_size=batch_size,
+            context_lengths=lengths, ruler_subtasks=subtasks, carry_terms=carry_terms)
         _quiet()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())

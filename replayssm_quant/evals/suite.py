@@ -35,7 +35,16 @@ from typing import Any
 import pandas as pd
 
 from ..precision import PRESETS, PrecisionConfig, parse_config
+from .generated import (
+    GeneratedSettings,
+    breakdown_items,
+    is_generated,
+    prepare_task,
+    shape_items,
+    shape_results,
+)
 from .paired import compare, items_from_results, summarize_items
+from .ruler import DEFAULT_CONTEXT_LENGTHS
 from .tasks import TASKS, TaskSpec, find_data_files, run_task, write_local_tasks
 
 __all__ = [
@@ -124,11 +133,23 @@ class SuiteSettings:
     dtype: str = "float32"
     device: str = "cpu"
     batch_size: int = 8
+    context_lengths: tuple[int, ...] = DEFAULT_CONTEXT_LENGTHS
+    ruler_subtasks: tuple[str, ...] | None = None
+    carry_terms: int = 48
+
+    def generated(self) -> GeneratedSettings:
+        """The settings of the generated tasks (RULER, carry_chain)."""
+        return GeneratedSettings(model=self.model, limit=self.limit, seed=self.seed,
+                                 context_lengths=self.context_lengths,
+                                 ruler_subtasks=self.ruler_subtasks, carry_terms=self.carry_terms)
 
     def run_key(self, task: str, cfg: PrecisionConfig, data_hash: str | None) -> dict[str, Any]:
-        return {"model": self.model, "task": task, "config": str(cfg), "limit": self.limit,
-                "max_gen_toks": self.max_gen_toks, "seed": self.seed, "data": data_hash,
-                "backend": self.backend, "dtype": self.dtype}
+        key = {"model": self.model, "task": task, "config": str(cfg), "limit": self.limit,
+               "max_gen_toks": self.max_gen_toks, "seed": self.seed, "data": data_hash,
+               "backend": self.backend, "dtype": self.dtype}
+        if task in TASKS and is_generated(TASKS[task]):
+            key |= self.generated().run_key(TASKS[task])
+        return key
 
 
 class SuiteProgress:
@@ -155,7 +176,7 @@ class SuiteResult:
 
 
 def _data_hash(spec: TaskSpec, data: Path | None) -> str | None:
-    if data is None:
+    if data is None or is_generated(spec):
         return None
     h = hashlib.sha256()
     for split, files in sorted(find_data_files(spec, data).items()):
@@ -221,6 +242,11 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
     if data is not None:
         local = write_local_tasks(data, out / "tasks", specs)
         names, include = local.names, str(local.include_path)
+    generated = [s for s in specs if is_generated(s)]
+    for spec in generated:
+        names[spec.key] = prepare_task(spec, settings.generated(), out / "tasks")
+    if generated:
+        include = str(out / "tasks")
     _check_model(out, settings.model)
     loaded: dict[str, Any] = {}
     result = SuiteResult(out, {}, pd.DataFrame())
@@ -250,13 +276,14 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
 
                 task_manager = TaskManager(include_path=include)
             lm = _make_lm(settings, cfg, loaded, progress, responder)
-            res = run_task(lm, names[spec.key], task_manager=task_manager,
-                           max_gen_toks=settings.max_gen_toks, limit=settings.limit,
-                           seed=settings.seed)
+            res = shape_results(spec, run_task(
+                lm, names[spec.key], task_manager=task_manager,
+                max_gen_toks=None if spec.key == "ruler" else settings.max_gen_toks,
+                limit=None if is_generated(spec) else settings.limit, seed=settings.seed))
             gen_log = list(getattr(lm, "generation_log", []) or [])
-            items = items_from_results(res, spec, gen_log, model=settings.model,
-                                       config=cfg.label, config_string=str(cfg),
-                                       seed=settings.seed)
+            items = shape_items(spec, items_from_results(
+                res, spec, gen_log, model=settings.model, config=cfg.label,
+                config_string=str(cfg), seed=settings.seed))
             for subtask, samples in (res.get("samples") or {}).items():
                 _atomic_jsonl(rdir / "samples" / f"{slug(subtask)}.jsonl", samples)
             _atomic_jsonl(rdir / "generations.jsonl", gen_log)
@@ -363,8 +390,8 @@ def summarize(out: str | Path, settings: SuiteSettings | None = None, *,
     paired against ``reference`` on the items both answered."""
     out = Path(out)
     items = load_items(out)
-    rows = compare(items, reference=reference, resamples=resamples, level=level) \
-        if len(items) else []
+    rows = compare(breakdown_items(items), reference=reference, resamples=resamples,
+                   level=level) if len(items) else []
     markers = _markers(out)
     tasks: dict[str, dict[str, Any]] = {}
     shape = None

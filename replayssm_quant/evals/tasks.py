@@ -70,6 +70,9 @@ class TaskSpec:
     stock_dir: str
     columns: tuple[str, ...]
     splits: tuple[str, ...]
+    source: str = "hub"
+    """``hub``: hub data or ``--data`` files; ``generated``: the items are generated here
+    (RULER, the carry-chain probe) and ``--data`` does not apply."""
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -84,6 +87,11 @@ TASKS: dict[str, TaskSpec] = {
     "math_l5": TaskSpec(
         "math_l5", "leaderboard_math_hard", True, "none", "exact_match", "leaderboard/math",
         ("problem", "solution", "level"), ("test",)),
+    "ruler": TaskSpec(
+        "ruler", "ruler", True, "none", "score", "ruler", (), ("test",), "generated"),
+    "carry_chain": TaskSpec(
+        "carry_chain", "carry_chain", False, "none", "exact_match", "", (), ("test",),
+        "generated"),
 }
 """The suite, keyed by the names the CLI and reports use."""
 
@@ -268,7 +276,7 @@ def write_local_tasks(data_dir: str | Path, out_dir: str | Path,
     in the data (lm-eval cannot run a subtask with no documents).
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    specs = list(specs) if specs is not None else list(TASKS.values())
+    specs = [s for s in (specs if specs is not None else TASKS.values()) if s.source == "hub"]
     if not data_dir.is_dir():
         raise TaskDataError(f"--data {data_dir} is not a folder")
     root = stock_task_dir()
@@ -392,7 +400,7 @@ def seed_task_docs(task: Any, seed: int) -> None:
         fs.process_docs = _seeded(fs.process_docs, seed)
 
 
-def run_task(lm: Any, task_name: str, *, task_manager: Any, max_gen_toks: int,
+def run_task(lm: Any, task_name: str, *, task_manager: Any, max_gen_toks: int | None,
              limit: int | float | None = None, seed: int = 0, bootstrap_iters: int = 0,
              extra_gen_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One lm-eval task (or group) through ``simple_evaluate`` with sample logging.
@@ -400,15 +408,17 @@ def run_task(lm: Any, task_name: str, *, task_manager: Any, max_gen_toks: int,
     Python's ``random`` is seeded with ``seed`` right before the task and before each of its
     ``process_docs`` calls (:func:`seed_task_docs`); numpy, torch and the few-shot sampler get
     the same seed. ``datasets`` caching is off so a cached shuffle from a run with another seed
-    is never reused.
+    is never reused. ``max_gen_toks=None`` keeps each task's own limit (RULER's items are
+    sized to leave exactly that many tokens of their context length).
     """
     import datasets
     from lm_eval import simple_evaluate
 
-    if max_gen_toks < 1:
+    if max_gen_toks is not None and max_gen_toks < 1:
         raise ValueError(f"max_gen_toks must be >= 1, got {max_gen_toks}")
     datasets.disable_caching()
-    gen_kwargs = {"max_gen_toks": int(max_gen_toks)} | (extra_gen_kwargs or {})
+    gen_kwargs = ({} if max_gen_toks is None else {"max_gen_toks": int(max_gen_toks)}) | (
+        extra_gen_kwargs or {})
     random.seed(seed)
     loaded = task_manager.load([task_name])
     for task in loaded["tasks"].values():
@@ -417,7 +427,7 @@ def run_task(lm: Any, task_name: str, *, task_manager: Any, max_gen_toks: int,
     random.seed(seed)
     res = simple_evaluate(
         model=lm, tasks=[top], task_manager=task_manager, limit=limit,
-        gen_kwargs=gen_kwargs, log_samples=True, bootstrap_iters=bootstrap_iters,
+        gen_kwargs=gen_kwargs or None, log_samples=True, bootstrap_iters=bootstrap_iters,
         random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,
     )
@@ -445,7 +455,7 @@ def extract_answer(spec: TaskSpec, filtered: str, response: str) -> str | None:
     """The answer the task's own extraction reads from a response, ``None`` if there is none:
     the filter output for GPQA and MMLU-Pro (the regex filters' fallback means none), the
     math-verify parse that MATH's scorer uses (its string form)."""
-    if spec.key == "math_l5":
+    if spec.key in ("math_l5", "carry_chain"):
         return _math_answer(response)
     if not isinstance(filtered, str) or not filtered.strip():
         return None
