@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from replayssm_quant.kernels import dispatch
-from replayssm_quant.kernels.emulate import gdn_emulate, mamba2_emulate
+from replayssm_quant.kernels.gdn.emulate import gdn_emulate
+from replayssm_quant.kernels.mamba2.emulate import mamba2_emulate
 from replayssm_quant.precision import PRESETS, parse_config
 from replayssm_quant.ssm import gdn, mamba2
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
@@ -142,7 +143,7 @@ def test_gdn_segments_and_prefetch_change_nothing(monkeypatch, name: str) -> Non
     between launches) and may prefetch the next window: neither may change a bit. R k and R q
     may also come as one product (float32-rounding close). Segments of
     two windows over 71 tokens: two full segments, then the 7 pending records alone."""
-    import replayssm_quant.kernels.emulate as emu
+    import replayssm_quant.kernels.gdn.emulate as emu
 
     cfg = PRESETS[name]
     S0, inp = _case("gdn", 71, seed=6)
@@ -184,7 +185,7 @@ def test_dispatch_keeps_cpu_on_the_reference(kind: str) -> None:
 def test_dispatch_routes_device_tensors_to_the_kernels(monkeypatch) -> None:
     """With the device check forced, supported shapes run the kernels; d_k that is not a power
     of two, or L above the kernels' cap, run the reference."""
-    import replayssm_quant.kernels.emulate as emu
+    import replayssm_quant.kernels.gdn.emulate as emu
 
     calls = []
     real = emu.gdn_emulate

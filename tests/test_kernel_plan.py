@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 from replayssm_quant.cli.app import app
 from replayssm_quant.kernels import gdn as kg
 from replayssm_quant.kernels import mamba2 as km
+from replayssm_quant.kernels.core import ring
+from replayssm_quant.kernels.gdn import launch as gdn_launch
+from replayssm_quant.kernels.mamba2 import launch as mamba2_launch
 from replayssm_quant.kernels.plan import TARGETS, Target, check_knob_names, resolve_target, step_plan
 from replayssm_quant.precision import PRESETS
 
@@ -41,7 +44,7 @@ class _Recorder:
 @pytest.fixture
 def launches(monkeypatch):
     log: list = []
-    for mod in (km, kg):
+    for mod in (mamba2_launch, gdn_launch, ring):
         for name in KERNELS:
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, _Recorder(getattr(mod, name), name, log))
@@ -268,8 +271,8 @@ def test_bad_knobs_fail_before_any_launch(launches):
 def test_misspelt_knob_fails_on_the_reference_path(monkeypatch):
     """Where a step runs the pure-torch reference (no GPU, no interpreter), a knob name the
     plan does not take still fails instead of passing silently."""
-    monkeypatch.setattr(km, "runs_reference", lambda t: True)
-    monkeypatch.setattr(kg, "runs_reference", lambda t: True)
+    monkeypatch.setattr(mamba2_launch, "runs_reference", lambda t: True)
+    monkeypatch.setattr(gdn_launch, "runs_reference", lambda t: True)
     cfg = _small_L(PRESETS["replay-fp32"])
     for kind in ("mamba2", "gdn"):
         with pytest.raises(TypeError, match="unknown launch knob"):
@@ -336,7 +339,7 @@ def test_plan_command():
 def test_conventional_cache_without_a_ring(kind, name):
     """A conventional cache may hold no ring at all (the vLLM plugin's pages): the step plans
     and runs without one and matches the reference."""
-    from replayssm_quant.kernels.cache import cache_from_reference
+    from replayssm_quant.kernels.core.cache import cache_from_reference
     from replayssm_quant.ssm import gdn, mamba2
     from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
 

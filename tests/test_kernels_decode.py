@@ -14,9 +14,10 @@ import triton
 import triton.language as tl
 
 from replayssm_quant import formats as F
-from replayssm_quant.kernels.cache import cache_from_reference
+from replayssm_quant.kernels.core.cache import cache_from_reference
+from replayssm_quant.kernels.core.ring import advance_rows, flush_list
 from replayssm_quant.kernels.gdn import gdn_decode_step
-from replayssm_quant.kernels.mamba2 import advance_rows, flush_list, mamba2_decode_step
+from replayssm_quant.kernels.mamba2 import mamba2_decode_step
 from replayssm_quant.precision import PRESETS, parse_config
 from replayssm_quant.ssm import gdn, mamba2
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
@@ -181,13 +182,13 @@ def test_prep_groups_choice():
     """One wave of ring-products programs: one group per program up to 2048 programs, then
     doubling while the groups divide (GDN steps reading an fp32 state from batch 256: every
     key head of a row); a count that does not divide them is refused."""
-    from replayssm_quant.kernels.mamba2 import prep_groups_default
+    from replayssm_quant.kernels.tuning.rules import prep_groups_default
 
     assert prep_groups_default(256, 8) == 1 and prep_groups_default(512, 8) == 2
     assert prep_groups_default(256, 16) == 2 and prep_groups_default(1024, 16) == 8
     assert prep_groups_default(4096, 3) == 1
-    from replayssm_quant.kernels.gdn import gdn_prep_groups_default
     from replayssm_quant.kernels.plan import step_plan
+    from replayssm_quant.kernels.tuning.gdn_rules import gdn_prep_groups_default
 
     # GDN steps reading an fp32 state take a whole row's key heads from batch 256 on
     fp32, narrow = PRESETS["replay-fp32"], PRESETS["nvfp4-read/fp16-sr"]
@@ -266,7 +267,8 @@ def test_step_flush_knobs_are_checked():
     """Row passes need one launch, a power of two dividing the program's row passes, and for
     the bf16x3 fold 16+ rows over a bf16 ring; the defaults pass only programs of more than
     16 rows, 16 rows as one product for a plain fp32 checkpoint, else 8 record by record."""
-    from replayssm_quant.kernels.mamba2 import check_step_flush, step_flush_default
+    from replayssm_quant.kernels.knobs import check_step_flush
+    from replayssm_quant.kernels.tuning.mamba2_rules import step_flush_default
 
     assert check_step_flush(None, None, False, 64, 0, torch.bfloat16) == (0, "records")
     with pytest.raises(ValueError, match="one_launch=True"):
@@ -293,7 +295,7 @@ def test_step_flush_knobs_are_checked():
 def test_one_launch_choice():
     """One launch by default at small batch unless a persistent-flush knob is set; asking for
     it with a knob of the flush it replaces is refused."""
-    from replayssm_quant.kernels.mamba2 import (
+    from replayssm_quant.kernels.tuning.rules import (
         ONE_LAUNCH_MAX_BATCH,
         ONE_LAUNCH_MAX_BATCH_CONV,
         ONE_LAUNCH_MAX_STATE,
@@ -316,7 +318,8 @@ def test_one_launch_choice():
     with pytest.raises(ValueError, match="flush knobs"):
         resolve_one_launch(True, 1, (16,))
     # programs that flush in row passes: one launch up to a larger batch, whatever the state
-    from replayssm_quant.kernels.mamba2 import ONE_LAUNCH_PASSES_MAX_BATCH, flush_passes_default
+    from replayssm_quant.kernels.tuning.mamba2_rules import flush_passes_default
+    from replayssm_quant.kernels.tuning.rules import ONE_LAUNCH_PASSES_MAX_BATCH
 
     big = ONE_LAUNCH_MAX_STATE * 8
     assert resolve_one_launch(None, ONE_LAUNCH_PASSES_MAX_BATCH, step_state=big, passes=True)
@@ -378,7 +381,7 @@ def test_programmatic_launch_choice():
     """``pdl`` defaults to what the device has (none off CUDA, none before sm_90) at every
     batch; asked for on the interpreter's CPU tensors it builds the same kernels, whose waits are
     no-ops there; a string names one launch edge, anything else is refused."""
-    from replayssm_quant.kernels.mamba2 import pdl_edges_of, resolve_pdl
+    from replayssm_quant.kernels.knobs import pdl_edges_of, resolve_pdl
     from replayssm_quant.kernels.plan import TARGETS
 
     cpu = torch.device("cpu")
@@ -496,7 +499,7 @@ def test_bf16x3_flush_fold_matches_reference(kind, name):
 def test_default_fold_precision():
     """Exact tensor-core products only where they are exact and measured faster: the dot fold
     without u recompute (an fp32 or fp8 checkpoint), 16+ row tiles, a bf16 ring."""
-    from replayssm_quant.kernels.mamba2 import default_fold_precision
+    from replayssm_quant.kernels.tuning.rules import default_fold_precision
 
     fp32, bf16 = PRESETS["replay-fp32"], torch.bfloat16
     assert default_fold_precision(fp32, False, 16, bf16) == "bf16x3"
@@ -512,7 +515,7 @@ def test_default_fold_precision():
 def test_misaligned_nvfp4_state_is_refused():
     """NVFP4 rows are read as int32 words: a cache cut at an odd byte offset is refused
     instead of faulting on the device."""
-    from replayssm_quant.kernels.cache import StateTensors
+    from replayssm_quant.kernels.core.cache import StateTensors
 
     cfg = PRESETS["nvfp4-read/fp32"]
     cache = cache_from_reference(mamba2.init_mamba2_state(cfg, 2, 4, 16, 32, 2))
@@ -609,9 +612,9 @@ def test_flush_list_compacts_across_blocks():
 def test_mamba2_tile_rows_pad_head_dim_little(P, N, want):
     """The decode tile is a power of two that pads head_dim by at most a quarter (head_dim 80
     of Nemotron-3-Nano: 32 rows, not 64)."""
-    from replayssm_quant.kernels.mamba2 import _block_p
+    from replayssm_quant.kernels.tuning.mamba2_rules import block_p_default
 
-    b = _block_p(P, N)
+    b = block_p_default(P, N)
     assert b == want and b & (b - 1) == 0
     assert -(-P // b) * b <= 1.25 * P or b == 16
 
@@ -621,8 +624,8 @@ def test_flush_pipelining_only_for_plain_fp32_checkpoints():
     cp.async loads, 2 of TMA loads); SR and read-copy flushes keep Triton's default (None).
     GDN's tensor-core fold: 3 stages over cp.async loads of an fp32 checkpoint, 2 over TMA
     loads or an fp8 checkpoint, Triton's default for the record folds."""
-    from replayssm_quant.kernels.gdn import gdn_flush_stages
-    from replayssm_quant.kernels.mamba2 import flush_stages_for
+    from replayssm_quant.kernels.tuning.gdn_rules import gdn_flush_stages
+    from replayssm_quant.kernels.tuning.mamba2_rules import flush_stages_for
 
     fp32 = PRESETS["replay-fp32"]
     assert flush_stages_for(fp32) == 3 and flush_stages_for(fp32, True) == 2
@@ -652,8 +655,8 @@ def test_tma_flush_matches_reference(kind):
 def test_flush_tma_resolves_where_it_applies():
     """TMA by default wherever it applies (an fp32 checkpoint without a read copy, whole
     flush tiles, the persistent flush); asking for it elsewhere is refused with the reason."""
-    from replayssm_quant.kernels.cache import StateTensors
-    from replayssm_quant.kernels.common import resolve_flush_tma, state_descriptor
+    from replayssm_quant.kernels.core.cache import StateTensors
+    from replayssm_quant.kernels.core.memory import resolve_flush_tma, state_descriptor
 
     cpu = torch.device("cpu")
     fp32, nv = PRESETS["replay-fp32"], PRESETS["nvfp4-read/fp32"]
@@ -693,8 +696,8 @@ def test_launch_defaults_follow_the_measured_table():
     """Step programs: one warp when they read an fp8 / NVFP4 copy, small SR tiles for the
     conventional step; the Mamba-2 flush knobs come from the measured table, and configs
     outside it keep the plain defaults."""
-    from replayssm_quant.kernels.gdn import gdn_flush_knobs, gdn_step_knobs
-    from replayssm_quant.kernels.mamba2 import mamba2_flush_knobs, mamba2_step_knobs
+    from replayssm_quant.kernels.tuning.gdn_rules import gdn_flush_knobs, gdn_step_knobs
+    from replayssm_quant.kernels.tuning.mamba2_rules import mamba2_flush_knobs, mamba2_step_knobs
 
     assert mamba2_step_knobs(PRESETS["replay-fp32"], 64, 128) == (64, 1)
     assert mamba2_step_knobs(PRESETS["replay-fp32"], 80, 128) == (32, 1)
@@ -735,7 +738,7 @@ def test_persistent_grid_is_one_wave_of_resident_programs():
     sub-partition's quarter of the file (168 registers, one warp: 12; 255: 8; 160 at four
     warps: 3), threads and shared memory; an explicit ``flush_per_sm`` wins, and the
     interpreter runs four programs (tune_r46_fp32_flush_*.log)."""
-    from replayssm_quant.kernels.persistent import persistent_programs, programs_per_sm
+    from replayssm_quant.kernels.core.persistent import persistent_programs, programs_per_sm
 
     assert programs_per_sm(168, 1) == 12
     assert programs_per_sm(151, 1) == 12  # three 152-register warps per scheduler, not 13 per SM
@@ -755,7 +758,7 @@ def test_persistent_grid_is_one_wave_of_resident_programs():
 
 def test_resident_programs_fall_back_when_triton_cannot_tell():
     """A kernel object without Triton's warmup internals gets the old grid with a warning."""
-    from replayssm_quant.kernels import persistent
+    from replayssm_quant.kernels.core import persistent
 
     class Bare:
         pass
@@ -772,7 +775,7 @@ def test_resident_programs_keyed_on_specialized_arguments_only():
     """A row count Triton does not specialize on (``do_not_specialize``) does not make a new
     grid-size query: a new batch size inside a CUDA-graph capture asks nothing new. An
     argument Triton does specialize on (divisible by 16 or not) does."""
-    from replayssm_quant.kernels import persistent
+    from replayssm_quant.kernels.core import persistent
 
     class Bare:
         arg_names = ["x_ptr", "seed", "nrows", "stride"]
@@ -794,7 +797,7 @@ def test_resident_programs_keyed_on_specialized_arguments_only():
 
 
 def test_resident_table_names_each_sized_kernel():
-    from replayssm_quant.kernels import persistent
+    from replayssm_quant.kernels.core import persistent
 
     class Kernel:
         def fn(self):
@@ -817,8 +820,8 @@ def test_resident_table_names_each_sized_kernel():
 def test_grid_order_defaults_follow_the_measured_table():
     """tune_r27_grid_order.log, tune_r66_fp32_tiles.log: conventional steps, multi-tile Mamba-2
     heads and non-flush steps reading the state itself tile-first; narrow reads row-first."""
-    from replayssm_quant.kernels.gdn import gdn_tile_first
-    from replayssm_quant.kernels.mamba2 import mamba2_tile_first
+    from replayssm_quant.kernels.tuning.gdn_rules import gdn_tile_first
+    from replayssm_quant.kernels.tuning.mamba2_rules import mamba2_tile_first
 
     assert mamba2_tile_first(0, 64, 64) and mamba2_tile_first(17, 80, 32)
     assert not mamba2_tile_first(17, 64, 64) and mamba2_tile_first(17, 64, 64, narrow=False)
@@ -830,7 +833,7 @@ def test_small_grid_rows_only_shrink_small_replay_grids():
     reads to 16 rows below 512 programs, fp32 reads (and every read of a one-launch step) to
     8 rows below 1024; all keep their rows at serving batch sizes, and conventional steps
     never change."""
-    from replayssm_quant.kernels.mamba2 import small_grid_rows
+    from replayssm_quant.kernels.tuning.rules import small_grid_rows
 
     narrow, fp32 = PRESETS["nvfp4-read/fp16-sr"], PRESETS["replay-fp32"]
     assert small_grid_rows(narrow, 64, 64, 128, 1) == 16       # Super, batch 1: 512 programs
@@ -855,13 +858,13 @@ def test_gdn_ut_flush_refuses_the_faulting_tf32x3_tile():
     H200 (probe_r43_tf32x3_tiles.log): that tile is refused with a message before any
     launch, its neighbours pass, and a small-tile TF32x3 UT flush still matches the
     reference."""
-    from replayssm_quant.kernels.gdn import _check_ut_tile
+    from replayssm_quant.kernels.knobs import check_ut_tile
 
     with pytest.raises(ValueError, match="flush_warps=4"):
-        _check_ut_tile(True, "tf32x3", 64, 8)
+        check_ut_tile(True, "tf32x3", 64, 8)
     for args in ((True, "tf32x3", 32, 8), (True, "tf32x3", 64, 4), (True, "ieee", 64, 8),
                  (False, "tf32x3", 64, 8)):
-        _check_ut_tile(*args)
+        check_ut_tile(*args)
     cfg = _small_L(PRESETS["nvfp4-read/fp16-sr"])
     _run("gdn", cfg, steps=cfg.L, flush_fold="dot", flush_precision="tf32x3", flush_block_v=16,
          flush_warps=8)
@@ -927,7 +930,7 @@ def test_gdn_nvfp4_tensor_core_products_match_reference():
 
 @triton.jit
 def _pieces_kernel(v_ptr, out_ptr, scale_ptr, N: tl.constexpr):
-    from replayssm_quant.kernels.common import mma_vector_pieces
+    from replayssm_quant.kernels.core.products import mma_vector_pieces
 
     mma_vector_pieces(v_ptr, out_ptr, scale_ptr, 3, N, True)
 
@@ -989,7 +992,7 @@ def test_default_decode_builds_no_table():
     """Without ``lut`` the kernels get a placeholder pointer: the first decode step copies
     nothing from host memory, so it may run inside a CUDA-graph capture."""
     from replayssm_quant.formats import E2M1_VALUES
-    from replayssm_quant.kernels.common import lut_table
+    from replayssm_quant.kernels.core.codes import lut_table
 
     y = torch.zeros(3)
     assert lut_table(False, y) is y
@@ -1002,7 +1005,7 @@ def test_register_caps_reach_the_launches(kind):
     """``maxnreg`` / ``flush_maxnreg`` cap the step's and the flush's registers (a launch
     option: the results are the reference's either way); bad caps are refused before any
     launch."""
-    from replayssm_quant.kernels.common import register_cap
+    from replayssm_quant.kernels.core.memory import register_cap
 
     assert register_cap(None) == {} and register_cap(64) == {"maxnreg": 64}
     for bad in (8, 300, 64.0, True, "64"):
@@ -1017,7 +1020,7 @@ def test_whole_head_non_flush_matches_reference(name):
     """A head dim that is no power of two (24: 16 + 8 rows) in one program per head, by default
     at the default tile rows (for an fp32 read not in one-launch steps), matches the
     reference; so do the padded tiles it replaces."""
-    from replayssm_quant.kernels.mamba2 import whole_head_default, whole_head_rows
+    from replayssm_quant.kernels.tuning.mamba2_rules import whole_head_default, whole_head_rows
 
     assert whole_head_rows(80, 128) == (64, 16) and whole_head_rows(64, 128) is None
     assert whole_head_rows(24, 32) == (16, 8) and whole_head_rows(200, 128) is None
@@ -1048,7 +1051,7 @@ def test_mamba2_nvfp4_non_flush_where_tiles_do_not_divide_the_head(name):
     divide P (``tile_rows``); with P = 24 on 16-row tiles the last tile is a third past the
     head, and with P = 28 in one program (16 + 16 rows) the second pass is a quarter past it.
     Every step and flush, one launch or apart, still matches the reference."""
-    from replayssm_quant.kernels.mamba2 import whole_head_rows
+    from replayssm_quant.kernels.tuning.mamba2_rules import whole_head_rows
 
     assert whole_head_rows(28, 32) == (16, 16)
     cfg = _small_L(PRESETS[name])

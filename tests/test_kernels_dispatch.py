@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from replayssm_quant.kernels.cache import cache_from_reference, runs_reference
+from replayssm_quant.kernels.core.cache import cache_from_reference, runs_reference
 from replayssm_quant.kernels.gdn import gdn_commit, gdn_decode_step, gdn_verify
 from replayssm_quant.kernels.mamba2 import mamba2_commit, mamba2_decode_step, mamba2_verify
 from replayssm_quant.precision import PRESETS

@@ -14,15 +14,10 @@ import triton
 import triton.language as tl
 
 from replayssm_quant import formats as F
-from replayssm_quant.kernels.common import (
-    count_nans,
-    e2m1_rn_code,
-    philox,
-    round_grid_rn_value,
-    round_to,
-    rows_dot,
-    split_dot,
-)
+from replayssm_quant.kernels.core.codes import e2m1_rn_code
+from replayssm_quant.kernels.core.products import rows_dot
+from replayssm_quant.kernels.core.rounding import philox, round_grid_rn_value, round_to
+from replayssm_quant.kernels.core.state_io import count_nans, split_dot
 
 N = 4096
 # compiled kernels need device tensors; the interpreter runs on the CPU

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from replayssm_quant.kernels.cache import cache_from_reference
+from replayssm_quant.kernels.core.cache import cache_from_reference
 from replayssm_quant.kernels.gdn import gdn_commit, gdn_verify
 from replayssm_quant.kernels.mamba2 import mamba2_commit, mamba2_verify
 from replayssm_quant.precision import PRESETS
@@ -175,7 +175,7 @@ def test_verify_register_cap(kind):
     """The verify's register cap (``verify_maxnreg_default``: ``VERIFY_MAXNREG`` from batch
     256) is a launch option only: the default, uncapped (None), the default cap and a tight
     cap give the reference's outputs; a bad cap is refused before any launch."""
-    from replayssm_quant.kernels.mamba2 import (
+    from replayssm_quant.kernels.tuning.rules import (
         VERIFY_CAP_MIN_BATCH,
         VERIFY_MAXNREG,
         verify_maxnreg_default,

@@ -59,7 +59,7 @@ def test_compiles_an_emulator_kernel_for_sm90():
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads(out.stdout)
     assert 16 <= s["registers"] <= 255
-    from replayssm_quant.kernels.persistent import programs_per_sm
+    from replayssm_quant.kernels.core.persistent import programs_per_sm
 
     assert s["programs_per_sm"] == programs_per_sm(s["registers"], 1)
     assert s["kernel"]["instructions"] > 100

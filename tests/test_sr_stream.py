@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.language.random import philox
 
 from replayssm_quant import formats as F
-from replayssm_quant.kernels.common import sr_words
+from replayssm_quant.kernels.core.rounding import sr_words
 
 SEED = 0x2F6A_91C3_5D07_B4E1  # uses both key words
 

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replayssm_quant.kernels.persistent import programs_per_sm  # noqa: E402
+from replayssm_quant.kernels.core.persistent import programs_per_sm  # noqa: E402
 from replayssm_quant.kernels.plan import step_plan  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES  # noqa: E402
 

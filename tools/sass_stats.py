@@ -51,11 +51,18 @@ from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replayssm_quant.kernels import emulate as em  # noqa: E402
-from replayssm_quant.kernels import gdn as kg  # noqa: E402
-from replayssm_quant.kernels import mamba2 as km  # noqa: E402
-from replayssm_quant.kernels.common import FMT_CODES, FMT_NONE  # noqa: E402
-from replayssm_quant.kernels.persistent import programs_per_sm  # noqa: E402
+from replayssm_quant.kernels import knobs  # noqa: E402
+from replayssm_quant.kernels.core.emulation import window_sizes  # noqa: E402
+from replayssm_quant.kernels.core.persistent import programs_per_sm  # noqa: E402
+from replayssm_quant.kernels.core.rounding import FMT_CODES, FMT_NONE  # noqa: E402
+from replayssm_quant.kernels.gdn import emulate as gdn_emulate  # noqa: E402
+from replayssm_quant.kernels.gdn import flush as gdn_flush  # noqa: E402
+from replayssm_quant.kernels.gdn import step as gdn_step  # noqa: E402
+from replayssm_quant.kernels.gdn import verify as gdn_verify  # noqa: E402
+from replayssm_quant.kernels.mamba2 import flush as mamba2_flush  # noqa: E402
+from replayssm_quant.kernels.mamba2 import step as mamba2_step  # noqa: E402
+from replayssm_quant.kernels.mamba2 import verify as mamba2_verify  # noqa: E402
+from replayssm_quant.kernels.tuning import gdn_rules, mamba2_rules, rules  # noqa: E402
 from replayssm_quant.precision import PRESETS, SHAPES, step_bytes  # noqa: E402
 
 HV, HK, V, K = 32, 16, 128, 128
@@ -116,7 +123,7 @@ def _flush_descriptor(sig: dict, consts: dict, cfg, tma: bool, rows: int, d: int
 def _verify_precision(precision: str, src_fmt: int) -> dict:
     """The verify kernel's product constexprs, as ``mamba2_verify`` / ``gdn_verify`` pass them."""
     return dict(PREC=precision, SMALL="tf32x3" if precision == "bf16x3" else precision,
-                TERMS=km.split_terms(src_fmt), TILE_FIRST=False)
+                TERMS=knobs.split_terms(src_fmt), TILE_FIRST=False)
 
 
 def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
@@ -155,24 +162,24 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig = _sig("q_ptr k_ptr v_ptr g_ptr beta_ptr s0_ptr seq_ptr o_ptr sf_ptr", act, "*fp32")
         sig.update(T="i32", seed="i32", layer="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, BV=block, CK=ck, SR=sr)
-        return em._gdn_conv_kernel, sig, consts
+        return gdn_emulate._gdn_conv_kernel, sig, consts
     if name == "emulate-gdn-window":
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; emulate-gdn-window needs L > 1")
-        LB, _ = em._window(cfg.L)
+        LB, _ = window_sizes(cfg.L)
         sig = _sig("q_ptr k_ptr v_ptr beta_ptr pre_ptr s0_ptr seq_ptr o_ptr sf_ptr", act, "*fp32")
         sig.update(T="i32", seed="i32", layer="i32", w0="i32", nfull="i32")
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, LB=LB, BV=block, CK=ck, RD=rd, SR=sr,
-                      FIRST=True, TAIL=True, PREFETCH=False, MERGE=em._MERGE_RQ)
-        return em._gdn_window_kernel, sig, consts
+                      FIRST=True, TAIL=True, PREFETCH=False, MERGE=gdn_emulate._MERGE_RQ)
+        return gdn_emulate._gdn_window_kernel, sig, consts
     if name == "emulate-gdn-prep":
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; emulate-gdn-prep needs L > 1")
-        LB, LOG_LB = em._window(cfg.L)
+        LB, LOG_LB = window_sizes(cfg.L)
         sig = _sig("q_ptr k_ptr g_ptr beta_ptr pre_ptr", act, "*fp32")
         sig.update(T="i32", w0="i32")
         consts = dict(HV=HV, HK=HK, K=K, L=cfg.L, LB=LB, LOG_LB=LOG_LB)
-        return em._gdn_window_prep_kernel, sig, consts
+        return gdn_emulate._gdn_window_prep_kernel, sig, consts
     if name == "gdn-verify":
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-verify needs a ReplaySSM preset")
@@ -189,18 +196,18 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(T=T, TB2=tb2, HV=HV, HK=HK, V=V, K=K,
                       CAP=cap, LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, RECOMPUTE=cfg.recompute_u, BV=block,
-                      KC=km.verify_chunk(K, chunk), LOG_TB2=tb2.bit_length() - 1,
+                      KC=knobs.verify_chunk(K, chunk), LOG_TB2=tb2.bit_length() - 1,
                       PDL=pdl, **_verify_precision(precision, rd if rd != FMT_NONE else ck))
-        return kg._gdn_verify_kernel, sig, consts
+        return gdn_verify._gdn_verify_kernel, sig, consts
     if name == "gdn-verify-prep":  # Qwen3.5-4B's GDN layer: the drafts' key / query products
         cap = max(cfg.L, 2) + T - 1
         types = dict(act, slots_ptr="*i32", cur_ptr="*i32", kr_ptr="*bf16")
         sig = _sig("q_ptr k_ptr slots_ptr kr_ptr", types, "*fp32")
         sig.update(s_kr="i64", **_sig("cur_ptr kd_ptr", types, "*fp32"))
         consts = dict(T=T, TB2=max(16, triton.next_power_of_2(2 * T)), HK=16, K=128, CAP=cap,
-                      LB=max(16, triton.next_power_of_2(cap)), KC=km.verify_chunk(128, chunk),
+                      LB=max(16, triton.next_power_of_2(cap)), KC=knobs.verify_chunk(128, chunk),
                       PREC=precision, PDL=pdl)
-        return kg._gdn_verify_prep_kernel, sig, consts
+        return gdn_verify._gdn_verify_prep_kernel, sig, consts
     if name == "mamba2-verify-prep":  # Nemotron-3-Super's Mamba-2 layer: the drafts' C . B
         cap = max(cfg.L, 2) + T - 1
         types = {"B_ptr": "*bf16", "C_ptr": "*bf16", "slots_ptr": "*i32", "cur_ptr": "*i32",
@@ -208,9 +215,9 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig = _sig("B_ptr C_ptr slots_ptr Br_ptr", types, "*fp32")
         sig.update(s_Br="i64", **_sig("cur_ptr cb_ptr", types, "*fp32"))
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), G=8, N=128, CAP=cap,
-                      LB=max(16, triton.next_power_of_2(cap)), KC=km.verify_chunk(128, chunk),
+                      LB=max(16, triton.next_power_of_2(cap)), KC=knobs.verify_chunk(128, chunk),
                       PREC=precision, PDL=pdl)
-        return km._mamba2_verify_prep_kernel, sig, consts
+        return mamba2_verify._mamba2_verify_prep_kernel, sig, consts
     if name == "mamba2-verify":  # Nemotron-3-Super's Mamba-2 layer
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; mamba2-verify needs a ReplaySSM preset")
@@ -228,9 +235,9 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(T=T, TB=max(16, triton.next_power_of_2(T)), H=H, P=P, N=N, G=G, CAP=cap,
                       LB=max(16, triton.next_power_of_2(cap)),
                       SRC_FMT=rd if rd != FMT_NONE else ck, HAS_D=True, BP=block,
-                      KC=km.verify_chunk(N, chunk), PDL=pdl,
+                      KC=knobs.verify_chunk(N, chunk), PDL=pdl,
                       **_verify_precision(precision, rd if rd != FMT_NONE else ck))
-        return km._mamba2_verify_kernel, sig, consts
+        return mamba2_verify._mamba2_verify_kernel, sig, consts
     if name == "mamba2-flush":  # Nemotron-3-Super's Mamba-2 layer, decode flush at L
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; mamba2-flush needs a ReplaySSM preset")
@@ -253,10 +260,10 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(seed="i32", layer="i32", nrows="i32")
         consts = dict(H=H, P=P, N=N, G=G, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), CK_FMT=ck,
                       RD_FMT=rd, SR=sr, HAS_D=True, BPF=block, RECORDS=fold == "records",
-                      STAGES=km.flush_stages_for(cfg, tma), FOLD_PREC=fold_prec, ADVANCE=True,
+                      STAGES=mamba2_rules.flush_stages_for(cfg, tma), FOLD_PREC=fold_prec, ADVANCE=True,
                       PDL=pdl)
         _flush_descriptor(sig, consts, cfg, tma, block, N)
-        return km._mamba2_flush_kernel, sig, consts
+        return mamba2_flush._mamba2_flush_kernel, sig, consts
     if name == "mamba2-nonflush":  # Nemotron-3-Super's Mamba-2 layer, non-flush decode step
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; mamba2-nonflush needs a ReplaySSM preset")
@@ -283,11 +290,12 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       HAS_D=True, BP=block, LUT=False,
                       E4M3=nvfp4_decode == "e4m3" and src == FMT_CODES["nvfp4"],
                       WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
-                      TILE_FIRST=km.mamba2_tile_first(cfg.L, 64, block, km.reads_narrow_copy(cfg)),
+                      TILE_FIRST=mamba2_rules.mamba2_tile_first(cfg.L, 64, block,
+                                                                 rules.reads_narrow_copy(cfg)),
                       FUSED_PREP=one_launch, BP2=0, PDL=pdl and not one_launch,
                       FLUSH_PDL=pdl and not one_launch, EARLY=False, FR=0, FR_DOT=False,
                       MMA=mma, **one)
-        return km._mamba2_nonflush_kernel, sig, consts
+        return mamba2_step._mamba2_nonflush_kernel, sig, consts
     if name == "mamba2-prep":  # Nemotron-3-Super's Mamba-2 layer: the ring products
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; mamba2-prep needs a ReplaySSM preset")
@@ -298,7 +306,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         sig.update(nrows="i32", **_sig("mm_ptr ms_ptr", types, "*fp32"))
         consts = dict(G=8, N=128, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L), RB=256, PDL=pdl,
                       PG=block, MMA=nvfp4_decode == "mma")
-        return km._mamba2_prep_kernel, sig, consts
+        return mamba2_step._mamba2_prep_kernel, sig, consts
     if name == "gdn-nonflush":  # Qwen3.5-4B's GDN layer, non-flush decode step
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-nonflush needs a ReplaySSM preset")
@@ -325,7 +333,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
                       FLUSH_PDL=pdl and not one_launch, EARLY=False,
                       WORDS8=fp8_decode == "words" and src == FMT_CODES["fp8e4m3"],
                       FR=0, FR_DOT=False, MMA=mma, **one)
-        return kg._gdn_nonflush_kernel, sig, consts
+        return gdn_step._gdn_nonflush_kernel, sig, consts
     if name == "gdn-prep":  # Qwen3.5-4B's GDN layer: the ring products (one key head each)
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-prep needs a ReplaySSM preset")
@@ -339,7 +347,7 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(HV=HV, HK=HK, K=K, L=cfg.L, CAP=cfg.L, LB=LB, LOG_LB=LB.bit_length() - 1,
                       RB=256, UT=False, FOLD_PREC="ieee", PDL=pdl, PK=block,
                       MMA=nvfp4_decode == "mma")
-        return kg._gdn_prep_kernel, sig, consts
+        return gdn_step._gdn_prep_kernel, sig, consts
     if name == "gdn-flush":  # Qwen3.5-4B's GDN layer, decode flush at L
         if cfg.L == 1:
             raise SystemExit(f"{preset} is conventional; gdn-flush needs a ReplaySSM preset")
@@ -361,10 +369,10 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
         consts = dict(HV=HV, HK=HK, V=V, K=K, L=cfg.L, CAP=cfg.L, LB=max(16, cfg.L),
                       CK_FMT=ck, RD_FMT=rd, SR=sr, RECOMPUTE=cfg.recompute_u, BVF=block,
                       RECORDS=fold == "records",
-                      STAGES=kg.gdn_flush_stages(fold_prec, fold == "records", cfg, tma),
+                      STAGES=gdn_rules.gdn_flush_stages(fold_prec, fold == "records", cfg, tma),
                       FOLD_PREC=fold_prec, ADVANCE=True, PDL=pdl)
         _flush_descriptor(sig, consts, cfg, tma, block, K)
-        return kg._gdn_flush_kernel, sig, consts
+        return gdn_flush._gdn_flush_kernel, sig, consts
     if name in ("gdn-conv", "mamba2-conv"):  # the conventional decode step
         if cfg.L != 1:
             raise SystemExit(f"{preset} is windowed; {name} needs a conventional preset")
@@ -379,14 +387,14 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
             sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
             sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
             sig.update(seed="i32", layer="i32", ticket_ptr="*i32", cur_ptr="*i32", nrows="i32")
-            return kg._gdn_conv_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, CK_FMT=ck, SR=sr,
+            return gdn_step._gdn_conv_kernel, sig, dict(HV=HV, HK=HK, V=V, K=K, CK_FMT=ck, SR=sr,
                                                   BV=block, TILE_FIRST=True, ADVANCE=one_launch)
         sig = _sig("x_ptr dt_ptr A_ptr B_ptr C_ptr D_ptr slots_ptr y_ptr ck_ptr ck_rs_ptr "
                    "ck_bs_ptr", types, "*fp32")
         sig.update(s_ck="i64", s_ckrs="i64", s_ckbs="i64")
         sig.update(_sig("fi_ptr nan_ptr", types, "*fp32"))
         sig.update(seed="i32", layer="i32", ticket_ptr="*i32", cur_ptr="*i32", nrows="i32")
-        return km._mamba2_conv_kernel, sig, dict(H=128, P=64, N=128, G=8, CK_FMT=ck, SR=sr,
+        return mamba2_step._mamba2_conv_kernel, sig, dict(H=128, P=64, N=128, G=8, CK_FMT=ck, SR=sr,
                                                  HAS_D=True, BP=block, TILE_FIRST=True,
                                                  ADVANCE=one_launch)
     raise SystemExit(f"unknown target {name!r}")
@@ -579,12 +587,12 @@ def main() -> None:
                          "flush targets: the fold's flush_precision (default ieee)")
     ap.add_argument("--fold", choices=["dot", "records"], default="dot",
                     help="mamba2-flush / gdn-flush: the decode step's flush_fold")
-    ap.add_argument("--nvfp4-decode", choices=sorted({*km.NVFP4_DECODES, *kg.GDN_NVFP4_DECODES}),
+    ap.add_argument("--nvfp4-decode", choices=sorted({*knobs.NVFP4_DECODES, *knobs.GDN_NVFP4_DECODES}),
                     default="e4m3",
                     help="mamba2-nonflush / gdn-nonflush: how an NVFP4 source is decoded (the "
                          "step's nvfp4_decode; GDN takes 'mma', else its words); gdn-prep / "
                          "mamba2-prep: 'mma' also writes the vectors' pieces for it")
-    ap.add_argument("--fp8-decode", choices=list(km.FP8_DECODES), default="cvt",
+    ap.add_argument("--fp8-decode", choices=list(knobs.FP8_DECODES), default="cvt",
                     help="non-flush targets: how an fp8 source is decoded (the step's fp8_decode)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     ap.add_argument("--by-line", type=int, default=0, metavar="N",

@@ -216,3 +216,44 @@ def check_prep_groups(prep_groups: int | None, groups: int, what: str) -> None:
                                     or groups % prep_groups):
         raise ValueError(f"prep_groups must be a power of two dividing the {what} ({groups}), "
                          f"got {prep_groups}")
+
+
+GDN_NVFP4_DECODES = ("words", "lut", "mma")
+
+
+def gdn_nvfp4_decode_of(mode: str | None, lut: bool) -> str:
+    """How a GDN non-flush step decodes an NVFP4 source (the plan's ``decode``):
+
+    - ``"words"`` (default): three integer operations per element into fp32 bit patterns
+      (``common.e2m1_word_scaled``), two FMAs per element for S k and S q;
+    - ``"lut"`` (also ``lut=True``): each nibble's value from a 16-entry table;
+    - ``"mma"``: the codes through E4M3 bytes into fp16 times their block scale (exact), and
+      S k and S q as one tensor-core product with k's and q's fp16 pieces, which the
+      ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
+      Compiled for sm_90 (Triton 3.6), Qwen3.5-4B's 64-row program takes 1592 instructions
+      instead of 2248 (6.2 per element against the 9.6 that 85% of copy bandwidth leaves)
+      and 124 registers instead of 96 (16 programs per SM instead of 20;
+      ``tools/sass_stats.py gdn-nonflush --nvfp4-decode mma --budget``). Not yet timed on
+      the H200, so not a default."""
+    if lut:
+        if mode not in (None, "lut"):
+            raise ValueError(f"lut=True decodes NVFP4 through a table; nvfp4_decode={mode!r} "
+                             "asks for another decode")
+        return "lut"
+    mode = mode or "words"
+    if mode not in GDN_NVFP4_DECODES:
+        raise ValueError(f"nvfp4_decode must be one of {GDN_NVFP4_DECODES}, got {mode!r}")
+    return mode
+
+
+def check_ut_tile(ut: bool, precision: str, rows: int, warps: int) -> None:
+    """Refuse the one flush tile known to fault: the UT-transform flush (``flush_fold="dot"``
+    with a read copy) with TF32x3 products on 64+ rows and 8+ warps (two warp groups) hits an
+    illegal memory access on the H200 with Triton 3.6, which poisons the CUDA context; 32
+    rows, 4 warps, the ``"ieee"`` products and the flush without a read copy all run
+    (reports/kernels/probe_r43_tf32x3_tiles.log)."""
+    if ut and precision == "tf32x3" and rows >= 64 and warps >= 8:
+        raise ValueError(
+            f"flush_precision='tf32x3' with the UT-transform flush on {rows}-row tiles and "
+            f"{warps} warps faults on the GPU (Triton 3.6); use flush_warps=4, "
+            "flush_block_v=32 or flush_precision='ieee'")

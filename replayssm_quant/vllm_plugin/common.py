@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..kernels.cache import ReplayCache
+from ..kernels.core.cache import ReplayCache
 from . import runtime
 from .layout import PageLayout, extend_page
 from .settings import PluginSettings, settings_for

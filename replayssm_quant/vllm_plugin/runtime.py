@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..formats import QTensor, canonical_format, dequantize, half_words, quantize, state_sr_bits
 from ..kernels import gdn as gdn_kernels
 from ..kernels import mamba2 as mamba2_kernels
-from ..kernels.cache import ReplayCache, StateTensors
+from ..kernels.core.cache import ReplayCache, StateTensors
 from ..precision import PrecisionConfig
 from .layout import PageLayout
 

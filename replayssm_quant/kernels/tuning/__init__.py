@@ -1,0 +1,2 @@
+"""Launch choices per GPU family.
+"""
