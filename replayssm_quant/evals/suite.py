@@ -4,8 +4,9 @@ Output folder (``out``, one model; the task ``summary.json`` schema of
 :mod:`replayssm_quant.results`)::
 
     summary.json                       per (task, config): n, accuracy + CI, paired delta vs the
-                                       reference + bootstrap CI, McNemar p, flip/truncation/
-                                       invalid rates (what the recommender and the gate read)
+                                       reference + score CI (and its method), McNemar p, flip/
+                                       truncation/invalid rates (what the recommender and the
+                                       gate read); rows, size and sha256 of each parquet file
     items.parquet                      every item of every run (doc ids, prompt hashes, answers)
     tasks/                             wrapper task YAMLs (with ``--data``)
     runs/<task>/<config>/
@@ -44,6 +45,7 @@ from .generated import (
     shape_results,
 )
 from .paired import compare, items_from_results, summarize_items
+from .records import file_records
 from .ruler import DEFAULT_CONTEXT_LENGTHS
 from .tasks import TASKS, TaskSpec, find_data_files, run_task, write_local_tasks
 
@@ -274,7 +276,9 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
             if task_manager is None:  # indexing every stock task takes ~10 s: only if needed
                 from lm_eval.tasks import TaskManager
 
-                task_manager = TaskManager(include_path=include)
+                task_manager = TaskManager(  # generated tasks alone need no stock index
+                    include_path=include,
+                    include_defaults=not all(is_generated(s) for s in specs))
             lm = _make_lm(settings, cfg, loaded, progress, responder)
             res = shape_results(spec, run_task(
                 lm, names[spec.key], task_manager=task_manager,
@@ -308,6 +312,9 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
     result.items = load_items(out)
     result.summary = summarize(out, settings, resamples=resamples)
     _atomic_parquet(out / "items.parquet", result.items)
+    runs = [str((Path(m["_dir"]) / "items.parquet").relative_to(out)) for m in _markers(out)
+            if (Path(m["_dir"]) / "items.parquet").is_file()]
+    result.summary["files"] = file_records(out, ["items.parquet", *runs])
     _atomic_json(out / "summary.json", result.summary)
     return result
 
@@ -372,7 +379,8 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
     row = {"model": r["model"], "task": r["task"], "name": r["config"],
            "config": r["config_string"], "n": int(r["n"]), "accuracy": r.get("accuracy"),
            "accuracy_lo": ci[0], "accuracy_hi": ci[1], "delta": r.get("delta"),
-           "delta_lo": dci[0], "delta_hi": dci[1], "mcnemar_p": r.get("mcnemar_p"),
+           "delta_lo": dci[0], "delta_hi": dci[1],
+           "delta_ci_method": r.get("delta_ci_method"), "mcnemar_p": r.get("mcnemar_p"),
            "flip_rate": r.get("flip_rate"), "truncation_rate": r.get("truncation_rate"),
            "invalid_rate": r.get("invalid_rate")}
     for k in _ROW_NUMERIC:
@@ -417,8 +425,9 @@ def summarize(out: str | Path, settings: SuiteSettings | None = None, *,
                                 "accuracy_raw is lm-eval's own score",
                    "mcnemar": "exact binomial below 25 discordant pairs, else chi-squared "
                               "with continuity correction",
-                   "delta": "candidate minus reference accuracy (fractions), percentile "
-                            "bootstrap over items"},
+                   "delta": "candidate minus reference accuracy (fractions); delta_lo/"
+                            "delta_hi: the 95% interval of delta_ci_method (tango-score: "
+                            "Tango's score interval for paired proportions)"},
         "settings": None if settings is None else {
             "model": settings.model, "tasks": list(settings.tasks),
             "configs": list(settings.configs), "limit": settings.limit,
