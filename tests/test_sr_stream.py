@@ -135,7 +135,7 @@ def test_state_sr_bits_is_sr_bits_on_flat_indices(shape, half):
 @pytest.mark.parametrize("rank", [2, 3])
 @pytest.mark.parametrize("R,N,row0", [(8, 32, 0), (4, 64, 37), (16, 128, 3)])
 def test_kernel_sr_words_match_reference(rank, R, N, row0, half):
-    """``kernels.common.sr_words`` (one Philox call per four elements) equals ``sr_bits``
+    """``kernels.core.rounding.sr_words`` (one Philox call per four elements) equals ``sr_bits``
     exactly, for ``(rows, N)`` and ``(N // 16, rows, 16)`` element tiles."""
     seq, layer, fi = 123456, 5, 77
     out = torch.empty(R * N, dtype=torch.int64)

@@ -90,27 +90,9 @@ def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
     (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
     (None) wherever the GPU has it (sm_90+); asking for it is refused on an older GPU, whose
     compiler has no ``griddepcontrol``. Under the interpreter (CPU tensors) it runs the same
-    kernels, whose waits are no-ops there. A one-launch step (``one_launch_default``: small
-    batches) has no edge to overlap.
-
-    Measured on the H200, replay-fp32 window without -> with:
-
-    * batch 16: Nemotron-3-Super 32.6 -> 29.2 us, Qwen3.5-4B 18.4 -> 15.7 us (the
-      conventional FP32 step takes 16.0 us there); nvfp4-read/fp16-sr 17.8 -> 16.2 and
-      14.5 -> 12.2 us (reports/kernels/tune_r110_pdl_*.log);
-    * batch 64 and 128: 1-7% faster (tune_r112_pdl_b*.log);
-    * batch 256 (tune_r173_pdl_trigger_b256.log, two runs each): Nemotron-3-Nano-4B 288.6 /
-      287.5 -> 283.5 / 283.4 us, Super 299.0 / 299.4 -> 297.9 / 298.5, Qwen3.5-4B 169.8 /
-      169.3 -> 166.4 / 166.0, Qwen3.5-122B 318.4 / 319.2 -> 315.6 / 318.2; nvfp4-read/fp16-sr
-      1.8-3.7 us faster on every shape;
-    * batch 512 (tune_r173_pdl_trigger_b512.log): Nano-4B 563.7 -> 558.2 us, Qwen3.5-4B 324.0
-      -> 321.3, Super and 122B within 0.6 us.
-
-    Batch 256 and 512 kept plain launches until the non-flush programs of flushing rows
-    stopped releasing the flush launch (``release_dependents`` only in non-flushing rows'
-    programs): with a release in each of a flush step's tens of thousands of exiting
-    programs the flush step took ~21 us longer (tune_r172_pdl_flush_b256.log: Super 623.5 ->
-    644.6 us, Qwen3.5-4B 349.5 -> 370.4; after the change 619.1 -> 620.2 and 347.7 -> 349.5)."""
+    kernels, whose waits are no-ops there. A one-launch step has no edge to overlap. Only the
+    non-flush programs of non-flushing rows release the flush launch: a release in each of a
+    flush step's exiting programs made that step slower. Evidence: ``tuning.hopper`` entry ``pdl``."""
     pdl_edges_of(pdl)
     target = Target.of(device)
     if pdl is None:
@@ -125,22 +107,13 @@ NVFP4_DECODES = ("e4m3", "words", "mma")
 
 def nvfp4_decode_of(mode: str | None) -> str:
     """How a Mamba-2 non-flush step decodes its NVFP4 source: ``"e4m3"`` (default: each
-    int32 word's nibbles placed into E4M3 bytes, then the hardware's fp8 -> fp16
-    conversion, ``common.e2m1_words_fp16``) or ``"words"`` (three integer operations per
-    element into fp32 bit patterns, ``common.e2m1_word_scaled``). Measured on the H200 at
-    batch 256: the NVFP4 non-flush step on Nemotron-3-Nano-4B 90.7 -> 76.3 us, Super 81.1 ->
-    75.8 us in one A/B run (reports/kernels/tune_r103_decode_*.log), 80-91 -> 74-85 us across
-    every NVFP4 preset against the previous sweep (decode_r105 against decode_r100); at batch
-    1 the NVFP4 + FP16-SR window on Super 4.8 -> 4.6 us (tune_r104_b1_*.log). GDN's steps,
-    which dot each row with two vectors, keep ``"words"``: there the decoded tile held for
-    both products made Qwen3.5-4B's step 63.2 -> 70.7 us even in 64-column chunks
-    (tune_r104_gdn_*.log). ``"mma"``: the E4M3-byte decode times each block's scale in fp16
-    (exact), and the state product on tensor cores against C's fp16 pieces, which the
-    ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
-    Compiled for sm_90 (Triton 3.6), Nemotron-3-Super's 64-row program takes 1376
-    instructions instead of 1632 (5.4 per element against the 6.8 that 85% of copy
-    bandwidth leaves) and 112 registers instead of 72 (16 programs per SM instead of 28).
-    Not yet timed on the H200, so not a default."""
+    int32 word's nibbles placed into E4M3 bytes, then the hardware's fp8 -> fp16 conversion,
+    ``core.codes.e2m1_words_fp16``), ``"words"`` (three integer operations per element into fp32
+    bit patterns, ``core.codes.e2m1_word_scaled``) or ``"mma"`` (the E4M3-byte decode times each
+    block's scale in fp16, exact, and the state product on tensor cores against C's fp16 pieces
+    that the ring-products launch writes, ``core.products.nvfp4_mma_dot``; a step with that
+    launch only; not yet timed, so not a default).
+    Evidence: ``tuning.hopper`` entry ``mamba2.nvfp4_decode``."""
     mode = mode or "e4m3"
     if mode not in NVFP4_DECODES:
         raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
@@ -152,13 +125,10 @@ FP8_DECODES = ("cvt", "words")
 
 def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "cvt") -> str:
     """How a non-flush step decodes an fp8 read source (the plan's ``decode``; "" for any
-    other source): ``"cvt"`` (byte tiles through the hardware's fp8 conversion) or
-    ``"words"`` (int32 words, three integer operations per element into fp32 bit patterns,
-    ``common.e4m3_word_scaled``, in the NVFP4 words' thread arrangement); None takes
-    ``default``. The Mamba-2 steps keep ``"cvt"``: at batch 1 with every state from HBM the
-    words gained nothing on the Nemotron shapes (-0.1 to +0.2 us, reports/kernels/
-    tune_r220_b1_hbm*.log), and at batch 256 the non-flush step took 158.6 against 85.5 us
-    on Super (tune_r221_mamba2_fp8.log)."""
+    other source): ``"cvt"`` (byte tiles through the hardware's fp8 conversion) or ``"words"``
+    (int32 words, three integer operations per element into fp32 bit patterns,
+    ``core.codes.e4m3_word_scaled``); None takes ``default``. The Mamba-2 steps keep ``"cvt"``.
+    Evidence: ``tuning.hopper`` entry ``mamba2.fp8_decode``."""
     mode = mode or default
     if mode not in FP8_DECODES:
         raise ValueError(f"fp8_decode must be one of {FP8_DECODES}, got {mode!r}")
@@ -169,19 +139,15 @@ DOT_PRECISIONS = ("auto", "bf16x3", "tf32x3", "ieee")
 
 
 def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
-    """The verify's state product (H200, batch 256, reports/kernels/verify_r22_sweep.log,
-    check_r22_verify.log; output error relative to the reference at the paper shapes):
+    """The verify's state product:
 
     * ``"bf16x3"``: the state as the bf16 pieces that hold its values (``split_dot``: one for
       bf16 / fp8 / NVFP4 states without their row scale, two for fp16, three for fp32) times
-      bf16 activations, so every product is exact; the tensor cores' fp32 accumulation still
-      rounds (1.9-2.4e-7 with one piece, 4.1-4.4e-7 with three);
-    * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products
-      (2.1-2.5e-7);
-    * ``"ieee"``: fp32 FMAs (1.0-1.5e-7), 2-4x slower;
-    * ``"auto"`` (default): ``bf16x3`` for bf16 activations (against ``tf32x3``: NVFP4 read
-      copies 1.6-1.7x faster, fp32 states as fast on Nemotron-3-Super and Qwen3.5 and 1.2x
-      faster on Nemotron-3-Nano-4B), else ``tf32x3``."""
+      bf16 activations, so every product is exact; the fp32 accumulation still rounds;
+    * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products;
+    * ``"ieee"``: fp32 FMAs, 2-4x slower;
+    * ``"auto"`` (default): ``bf16x3`` for bf16 activations, else ``tf32x3``.
+    Evidence: ``tuning.hopper`` entry ``verify.dot_precision``."""
     if dot_precision not in DOT_PRECISIONS:
         raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got {dot_precision!r}")
     bf16 = act_dtype == torch.bfloat16
@@ -222,19 +188,12 @@ GDN_NVFP4_DECODES = ("words", "lut", "mma")
 
 
 def gdn_nvfp4_decode_of(mode: str | None, lut: bool) -> str:
-    """How a GDN non-flush step decodes an NVFP4 source (the plan's ``decode``):
-
-    - ``"words"`` (default): three integer operations per element into fp32 bit patterns
-      (``common.e2m1_word_scaled``), two FMAs per element for S k and S q;
-    - ``"lut"`` (also ``lut=True``): each nibble's value from a 16-entry table;
-    - ``"mma"``: the codes through E4M3 bytes into fp16 times their block scale (exact), and
-      S k and S q as one tensor-core product with k's and q's fp16 pieces, which the
-      ring-products launch writes (``common.nvfp4_mma_dot``; a step with that launch only).
-      Compiled for sm_90 (Triton 3.6), Qwen3.5-4B's 64-row program takes 1592 instructions
-      instead of 2248 (6.2 per element against the 9.6 that 85% of copy bandwidth leaves)
-      and 124 registers instead of 96 (16 programs per SM instead of 20;
-      ``tools/sass_stats.py gdn-nonflush --nvfp4-decode mma --budget``). Not yet timed on
-      the H200, so not a default."""
+    """How a GDN non-flush step decodes an NVFP4 source: ``"words"`` (default; int32 words into
+    fp32 bit patterns, ``core.codes.e2m1_word_scaled``, two FMAs per element for S k and S q),
+    ``"lut"`` with ``lut=True`` (a 16-entry table), or ``"mma"`` (tensor-core products against
+    the fp16 pieces of k and q the ring-products launch writes, ``core.products.nvfp4_mma_dot``;
+    a step with that launch only). Mamba-2's E4M3-byte decode is not offered: the decoded tile
+    held for both products made the step slower. Evidence: ``tuning.hopper`` entry ``gdn.nvfp4_decode``."""
     if lut:
         if mode not in (None, "lut"):
             raise ValueError(f"lut=True decodes NVFP4 through a table; nvfp4_decode={mode!r} "
@@ -251,7 +210,7 @@ def check_ut_tile(ut: bool, precision: str, rows: int, warps: int) -> None:
     with a read copy) with TF32x3 products on 64+ rows and 8+ warps (two warp groups) hits an
     illegal memory access on the H200 with Triton 3.6, which poisons the CUDA context; 32
     rows, 4 warps, the ``"ieee"`` products and the flush without a read copy all run
-    (reports/kernels/probe_r43_tf32x3_tiles.log)."""
+    (located in commit 9444d84)."""
     if ut and precision == "tf32x3" and rows >= 64 and warps >= 8:
         raise ValueError(
             f"flush_precision='tf32x3' with the UT-transform flush on {rows}-row tiles and "

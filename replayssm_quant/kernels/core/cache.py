@@ -56,7 +56,7 @@ class ReplayCache:
     conventional config without SR keeps no count, ``keeps_counters``); ``nan_count``
     accumulates NaNs written to the state; ``ticket`` counts the finished programs of each
     slot in a one-launch step, whose last program advances the slot's cursor
-    (``kernels.mamba2.finish_row``).
+    (``kernels.core.ring.finish_row``).
     """
 
     cfg: PrecisionConfig

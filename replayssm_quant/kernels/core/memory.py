@@ -14,12 +14,9 @@ from .rounding import PTX
 from .target import Target
 
 # A non-flush step's fp8 / NVFP4 read-copy rows are read once per step; marked first to leave
-# L2, they leave the ring records (as large as the copy's rows on Qwen3.5: u in fp32) that
-# every tile of a head reads in L2. Measured on the H200 at batch 256
-# (reports/kernels/tune_r99_evict_*.log): the GDN fp8 non-flush step 93.6 -> 85.3 us on
-# Qwen3.5-4B, 168.9 -> 160.7 us on 122B, NVFP4 on Nemotron-3-Nano-4B 97.3 -> 92-93 us; the
-# same hint on the conventional step's and the flushes' state loads and stores made the
-# conventional FP32 step 1.3-2.6% slower, so they carry none.
+# L2, they leave the ring records that every tile of a head reads in L2. The conventional step's
+# and the flushes' state loads carry no hint (slower with it). Evidence: ``tuning.hopper`` entry
+# ``load.stream_hint``.
 STREAM: tl.constexpr = tl.constexpr("evict_first")
 
 
@@ -72,10 +69,9 @@ def resolve_flush_tma(tma: bool | None, cfg, rows: int, block_rows: int, one_lau
     accelerator (TMA, ``state_descriptor``): only an fp32 checkpoint without a read copy, in
     whole tiles (``rows`` per head a multiple of the flush tile's ``block_rows``), on sm_90+
     or under the interpreter, with checkpoint ``data`` a descriptor can address
-    (``tma_layout_problem``). None: wherever it applies, measured on the H200 at batch 256
-    with 2 pipelining stages against cp.async loads with 3 (reports/kernels/tune_r152_tma.log):
-    the FP32 flush on Nemotron-3-Super 638.8 -> 622.4 us, Nano-4B 594.7 -> 579.9, Qwen3.5-4B
-    362.0 -> 350.7, Qwen3.5-122B 693.5 -> 682.4. True where it does not apply is refused."""
+    (``tma_layout_problem``). None: wherever it applies (with 2 pipelining stages it beat
+    cp.async loads with 3 on every paper shape at batch 256, commit 3be1d81). True where it
+    does not apply is refused."""
     gpu_ok = Target.of(device).tma
     fits = (cfg.ckpt.name == "fp32" and cfg.read is None and rows % block_rows == 0
             and not one_launch)

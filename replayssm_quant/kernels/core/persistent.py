@@ -5,7 +5,7 @@ programs run side by side. A grid larger than the programs an SM can hold (regis
 memory, threads) leaves the late programs to start only when early ones have walked all
 their tiles: on the H200 a Mamba-2 FP32 flush tile of 168 registers (12 programs per SM)
 took 881 us on Nemotron-3-Super at 16 programs per SM, against 741 and 692 us at 8 and 24
-(within one wave, two whole waves; reports/kernels/tune_r46_fp32_flush_*.log). So the
+(within one wave, two whole waves; commit 5504ea5). So the
 default grid is one whole wave: the programs the compiled kernel leaves resident per SM, as
 the CUDA driver's occupancy query reports them.
 """

@@ -84,9 +84,8 @@ def finish_row(ticket_ptr, slot, cur_ptr, fi_ptr, c, fi_next, L: tl.constexpr,
     reads of the cursor and flush index before the last program's writes of them, and its
     operand depends on the values read (``inc``, always 1), so it cannot issue before they
     arrived. The stores of y and the ring need no order against it (the next launch orders
-    them). Without the fences the step is 0.2-0.5 us faster at batch 1 on the H200
-    (reports/kernels/tune_r101_relaxed_*.log); counting per head first and then per row was
-    slower (tune_r93_ticket.log)."""
+    them). Without the fences the step is 0.2-0.5 us faster at batch 1 on the H200; counting
+    per head first and then per row was slower (commit a9520aa)."""
     if TILE_FIRST:
         programs = tl.num_programs(0) * tl.num_programs(1)
     else:

@@ -201,8 +201,7 @@ def round_fp16_sr_wide(x, r):
     rounding up, and clearing the s bits leaves the rounded value (a zero stays a zero of
     its sign). About ten instructions per element; other tiles run the full recipe. The
     flushes take it: nvfp4-read/fp16-sr 4.5-5.5% faster on the four paper shapes, where the
-    conventional step, bound by latency at 80 against 72 registers, was up to 6% slower
-    (reports/kernels/tune_r54_fp16_sr.log)."""
+    conventional step, bound by latency at 80 against 72 registers, was up to 6% slower."""
     bits = x.to(tl.int32, bitcast=True)
     ab = bits & 0x7FFFFFFF
     # zero, or (|x| bits - 2^-24 bits) <= (65504 - 2^-24) in bits (wraps below 2^-24)

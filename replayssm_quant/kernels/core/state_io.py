@@ -98,8 +98,7 @@ def bf16_head(x):
     speculative verify's three-piece split of an fp32 state, 7.5 -> 5.5 instructions per
     element; at batch 256 on the H200 the replay-fp32 verify went 265.1 -> 247.8 us on
     Qwen3.5-4B (a conventional step 266.9), 494.8 -> 459.3 on 122B, 360.1 -> 342.0 on
-    Nemotron-3-Super, 441.4 -> 407.9 on Nano-4B
-    (reports/kernels/tune_r126_split_trunc_b256_{old,new}.log)."""
+    Nemotron-3-Super, 441.4 -> 407.9 on Nano-4B (commit 62b8b26)."""
     return (x.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
 
 
@@ -130,8 +129,7 @@ def count_nans(S, mask_r, hint=None, BRANCH: tl.constexpr = True):
     per-row value that is NaN wherever a row of S holds one (the step's output
     ``sum(S * q)``: a NaN times anything and plus anything stays NaN), else the tile's sum
     (one add per element); a NaN-free tile whose sum is NaN (infinities of both signs) only
-    pays the exact count. Measured on the H200 at batch 256 (reports/kernels/
-    tune_r140_nan_*.log, tune_r141_nan_*.log): conventional fp16-SR steps 566 -> 498 us
+    pays the exact count. Measured on the H200 at batch 256: conventional fp16-SR steps 566 -> 498 us
     (Nemotron-3-Super) and 253 -> 218 us (Qwen3.5-4B), the NVFP4 read + FP16-SR flush 1479
     -> 1413 and 1144 -> 1107 us; but every flush of an fp32 checkpoint 1-5% slower (the
     plain one's 1-3%, the NVFP4 read copy's 3.6-4.6%), so an fp32 state counts without the

@@ -356,7 +356,7 @@ def gdn_emulate(
 
     ``k`` and ``v`` are rounded through ``act_dtype`` (what the ring stores) before the launch,
     like the reference. Launch knobs (results do not depend on them; defaults are the fastest
-    measured on the H200, ``reports/emulate``): ``block_v`` value rows per program (default
+    measured on the H200): ``block_v`` value rows per program (default
     4 conventional, 32 windowed: the chunk products need >= 16), ``num_warps`` (default 1
     conventional, 4 windowed, 8 windowed with a read copy), ``prefetch`` (windowed: hold the
     next window's inputs in registers while computing this one; default off, it costs

@@ -65,9 +65,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     ``fp8_decode`` (default ``gdn_fp8_decode_default``), ``nvfp4_decode``
     (``gdn_nvfp4_decode_of``) and ``flush_tma`` as for Mamba-2,
     except that ``early_loads`` is off by default: at batch 1 it added 1.1-3.2 us to the
-    NVFP4 / fp8 flush steps for 0.2-0.4 us off the non-flush ones
-    (reports/kernels/tune_r111_early_b1.log), and with every state from HBM it slowed
-    the fp8-read/fp32 window 5.5 -> 6.2 us on Qwen3.5-4B (tune_r206_b1_hbm_knobs.log);
+    NVFP4 / fp8 flush steps for 0.2-0.4 us off the non-flush ones, and with every state
+    from HBM it slowed the fp8-read/fp32 window 5.5 -> 6.2 us on Qwen3.5-4B;
     the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs its own launch and
     is never one launch)."""
     if runs_reference(q):

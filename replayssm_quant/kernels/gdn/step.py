@@ -3,7 +3,7 @@
 
 One program handles one (batch row, value head, tile of value rows) and holds those state
 rows (rows x d_k) in registers: u's value rows are independent, so no cross-program reduction is
-needed. A ReplaySSM step is three launches as for Mamba-2 (``mamba2.py``): ring products per
+needed. A ReplaySSM step is three launches as for Mamba-2 (``kernels/mamba2/``): ring products per
 key head (``k_j . k``, ``k_j . q``) and the flush list, the lean non-flush kernel, the
 persistent flush. With a read copy, the flush recomputes every u of the window from the
 high-precision checkpoint before folding (``U = X (I + M)^-T``, the transform from the
@@ -140,7 +140,7 @@ def _gdn_prep_kernel(
     ``X TI`` with ``X = beta (V - exp(cum) S K^T)``, a product instead of L - 1 dependent
     steps. One value head per program keeps the chain of products short at small batch
     (the grid's third axis is 1 without UT). Without UT a program forms the products of PK
-    key heads, loaded at once (``mamba2.prep_groups_default``). With PDL the non-flush launch
+    key heads, loaded at once (``tuning.rules.prep_groups_default``). With PDL the non-flush launch
     may start at once (``release_dependents``): its ring records go to position c, these
     products read the records before c. With MMA the key-products program of a key head also
     stores k's and q's fp16 pieces (``mma_vector_pieces``) for the non-flush step's NVFP4
@@ -204,7 +204,7 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
     asked of L2 before the state's loads (``prefetch_records``): the step ran 0.9-2.6%
     faster at batch 256 / 512 on the H200 (fp8-read/fp32, shared-fp8), while with an fp32 or
     NVFP4 source the prefetch measured 1-4% slower and loading the records themselves first
-    4-28% slower (reports/kernels/tune_r226-r229_*.log)."""
+    4-28% slower."""
     RATIO: tl.constexpr = HV // HK
     hk = h // RATIO
     j = tl.arange(0, LB)
@@ -212,7 +212,7 @@ def _gdn_nonflush_outputs(b, h, vt, slot, c, q_ptr, k_ptr, v_ptr, g_ptr, beta_pt
     # a narrow source's program drops its row mask where its tiles divide V: NVFP4's 64-row
     # program then takes 96 registers instead of 124 (Triton 3.6, sm_90) and its step ran
     # 1.2-4.0% faster at batch 256 / 512; an fp32 source's took 156 instead of 151 and its
-    # step ran 1.9-2.5% slower (reports/kernels/tune_r232_whole_tiles.log)
+    # step ran 1.9-2.5% slower
     WHOLE: tl.constexpr = (V % BV == 0) and (SRC_FMT != 0)
     vv, mv = tile_rows(vt, V, BV, WHOLE)
     q_row = q_ptr + (b * HK + hk) * K

@@ -248,11 +248,10 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
     """Speculative verify: q, k (B, T, Hk, K), v (B, T, Hv, V), g, beta (B, T, Hv) ->
     o (B, T, Hv, V); appends the drafts after each row's committed records.
     ``block_v`` value rows (>= 16) per program, ``chunk`` key columns per product,
-    ``dot_precision`` as in ``mamba2.verify_precision``, ``tile_first`` the grid order
-    (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
-    (reports/kernels/verify_r22_sweep.log; tile-first gained nothing for GDN,
-    verify_r29_grid_order.log). ``pdl`` as in ``mamba2_verify`` (off by default); ``maxnreg``
-    caps the verify programs' registers (default ``mamba2.verify_maxnreg_default``; None: no
+    ``dot_precision`` as in ``knobs.verify_precision``, ``tile_first`` the grid order
+    (``core.memory.row_head_tile``); the defaults measured fastest on the H200 at batch 256
+    (tile-first gained nothing for GDN). ``pdl`` as in ``mamba2_verify`` (off by default); ``maxnreg``
+    caps the verify programs' registers (default ``tuning.rules.verify_maxnreg_default``; None: no
     cap)."""
     if runs_reference(q):
         return reference_call(cache, lambda st: ref.verify(st, q, k, v, g, beta, slots))

@@ -263,7 +263,7 @@ def mamba2_emulate(
 
     ``x`` and ``Bm`` are rounded through ``act_dtype`` before the launch, like the reference.
     Launch knobs (results do not depend on them; defaults are the fastest measured on the
-    H200, ``reports/emulate``): ``block_p`` head-dim rows per program (default 4
+    H200): ``block_p`` head-dim rows per program (default 4
     conventional, 2 for an fp16-SR state, 8 for a bf16-SR state, 64 windowed: the chunk
     products need >= 16, and fewer, larger tiles mean fewer waves), ``num_warps`` (default
     1 / 8), ``prefetch`` (windowed: hold the next window's inputs in registers while computing

@@ -78,7 +78,7 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     record (``ring_records``); default ``early_loads_default``. ``prep_groups`` (default
     ``prep_groups_default``) sets the groups per ring-products program. ``flush_tma`` moves
     an fp32 checkpoint's flush tiles through the tensor memory accelerator (default: where
-    it applies, ``common.resolve_flush_tma``).
+    it applies, ``core.memory.resolve_flush_tma``).
     """
     if runs_reference(x):
         check_knob_names(mamba2_step_plan, knobs)

@@ -199,10 +199,9 @@ def _nonflush_outputs(b, h, g, pt, slot, c, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, 
     decay = tl.exp(A * total)
     # an NVFP4 source's program drops its row mask where its tiles divide P: 96 -> 72
     # registers on Nemotron-3-Super (Triton 3.6, sm_90), non-flush step 1.7-2.6% faster at
-    # batch 256 / 512; an fp8 source's took 104 instead of 95 and ran 6.6-7.7% slower
-    # (reports/kernels/tune_r235_mamba2_whole_tiles.log). Nemotron-3-Nano-4B's whole-head
-    # passes (64 + 16 rows) keep it: without it 88 registers instead of 96, and 0.9-3.0%
-    # slower at batch 231-512 (tune_r237_mamba2_whole_pass.log, tune_r239_*)
+    # batch 256 / 512; an fp8 source's took 104 instead of 95 and ran 6.6-7.7% slower.
+    # Nemotron-3-Nano-4B's whole-head passes (64 + 16 rows) keep it: without it 88 registers
+    # instead of 96, and 0.9-3.0% slower at batch 231-512
     p, mp = tile_rows(pt, P, BP, (P % BP == 0) and (SRC_FMT == 4))
     bc_row = bc_ptr + (b * G + g) * (LB + 3)  # read only without FUSED_PREP
     # with PDL the prescales are formed here, so the state product need not wait

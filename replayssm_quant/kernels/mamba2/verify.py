@@ -216,11 +216,10 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     prefix. Needs ring capacity >= cursor + T (allocate with ``spec_tokens >= T``).
     ``block_p`` head-dim rows (>= 16) per program, ``chunk`` d_state columns per product,
     ``dot_precision`` as in ``verify_precision``, ``tile_first`` the grid order
-    (``common.row_head_tile``); the defaults measured fastest on the H200 at batch 256
-    (reports/kernels/verify_r22_sweep.log; tile-first: Nemotron-3-Super 438 -> 414 us,
-    verify_r29_grid_order.log). ``pdl=True`` starts the verify launch while the products'
+    (``core.memory.row_head_tile``); the defaults measured fastest on the H200 at batch 256
+    (tile-first: Nemotron-3-Super 438 -> 414 us). ``pdl=True`` starts the verify launch while the products'
     launch runs (programmatic dependent launch); off by default: at batch 256 it changed
-    nothing beyond run-to-run spread (reports/kernels/tune_r110_pdl_verify.log). ``maxnreg``
+    nothing beyond run-to-run spread. ``maxnreg``
     caps the verify programs' registers (``register_cap``; default ``verify_maxnreg_default``,
     None: no cap)."""
     if runs_reference(x):

@@ -9,7 +9,7 @@ per step, as the benchmarks report it.
 
 from __future__ import annotations
 
-from . import Choice
+from .choice import Choice
 
 HOPPER: dict[str, Choice] = {
     # ---------------------------------------------------------------- shared by both kinds
@@ -125,5 +125,6 @@ HOPPER: dict[str, Choice] = {
          "nvfp4": 64, "fp8": 32, "state": 32},
         "f0350d1: tune_decode batch 256: NVFP4 non-flush on 64-row one-warp tiles 168 -> 69 us (Qwen3.5-4B)"),
     "gdn.nvfp4_decode": Choice(
-        "words", "eae4535: tune_decode batch 256: e4m3 bytes made the non-flush 63.2 -> 70.7 us (Qwen3.5-4B)"),
+        "words",
+        "eae4535: tune_decode batch 256: e4m3 bytes made the non-flush 63.2 -> 70.7 us (Qwen3.5-4B)"),
 }
