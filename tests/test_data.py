@@ -4,6 +4,7 @@ self-generated text, and a clear error when PG-19 cannot be reached."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pandas as pd
 import pytest
@@ -157,3 +158,28 @@ def test_self_generated_is_seeded():
         load_documents("self:x", tok, max_tokens=25, model=model)
     with pytest.raises(DataError, match="pass the model"):
         load_documents("self:10", tok, max_tokens=25)
+
+
+def test_short_document_warns_once_or_fails_when_strict(tmp_path, tok, caplog):
+    (tmp_path / "a.txt").write_text(BOOK[:300])
+    with caplog.at_level(logging.WARNING, logger="replayssm_quant"):
+        (doc,) = load_documents(str(tmp_path / "a.txt"), tok, max_tokens=4096)
+    assert len(doc) == 300
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["a: 300 tokens of the 4,096 asked; running on 300 (--strict makes this "
+                      "an error)"]
+    with pytest.raises(DataError, match="300 tokens of the 4,096 asked"):
+        load_documents(str(tmp_path / "a.txt"), tok, max_tokens=4096, strict=True)
+    with pytest.raises(DataError, match="must be >= 2"):
+        load_documents(str(tmp_path / "a.txt"), tok, max_tokens=0)
+
+
+def test_binary_file_named_txt_is_not_text(tmp_path, tok):
+    (tmp_path / "nul.txt").write_bytes(b"text\x00more text")
+    with pytest.raises(DataError, match="not text"):
+        load_documents(str(tmp_path / "nul.txt"), tok, max_tokens=10)
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9 " * 100)  # 20% undecodable
+    with pytest.raises(DataError, match="not UTF-8 text"):
+        load_documents(str(tmp_path / "latin.txt"), tok, max_tokens=10)
+    (tmp_path / "ok.txt").write_bytes("café ".encode() * 100 + b"\xff")  # one stray byte
+    assert load_documents(str(tmp_path / "ok.txt"), tok, max_tokens=10)

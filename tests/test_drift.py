@@ -3,12 +3,17 @@ shared-nvfp4 configs, NaN handling, the CLI's error exits, and resuming a killed
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import pty
+import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -272,8 +277,10 @@ def test_split_configs():
 
 # ----------------------------------------------------------------------------------- CLI
 def _one_error_line(result) -> str:
+    """The one error line; in a log, lines of finished units may come before an error that
+    only a run can find (NaN)."""
     assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and ": done (" not in ln]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ")
     return lines[0]
@@ -411,3 +418,71 @@ def test_model_name_resolution_errors():
         load_model("/nonexistent/model/folder")
     with pytest.raises(ValueError, match="unknown preset"):
         run_drift(tiny_model("mamba2")[0], ["nope"], [])
+
+
+# ----------------------------------------------------------------------------------- console
+# Console output of the drift command in a log (no terminal, COLUMNS=80) and in a real
+# 80-column terminal.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def _drift_argv(tmp: Path) -> list[str]:
+    (tmp / "t.txt").write_text(TEXT[:300])
+    return [sys.executable, "-m", "replayssm_quant.cli.app", "drift", "random:mamba2",
+            "--data", str(tmp / "t.txt"), "--max-tokens", "4096", "--prefill", "32",
+            "-c", "fp32,nvfp4-read/fp8-sr", "--out", str(tmp / "o"), "--threads", "1"]
+
+
+def _full_values(out: Path) -> list[str]:
+    from replayssm_quant.cli.drift import _fmt
+
+    summary = json.loads((out / "summary.json").read_text())
+    return [_fmt(c["overall"]["kl_mean"]) for c in summary["configs"]]
+
+
+def test_console_in_a_log_at_80_columns(tmp_path):
+    """Redirected output: full values and names, a plain line per finished unit, the
+    sentence on how to read the table, one warning for the short document."""
+    env = os.environ | {"COLUMNS": "80", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(_drift_argv(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout and "\x1b" not in proc.stdout + proc.stderr
+    for value in _full_values(tmp_path / "o"):
+        assert value in proc.stdout
+    assert "nvfp4-read/fp8-sr" in proc.stdout and "lower KL is better" in proc.stdout
+    assert "fp32 row checks the emulation" in proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "tokens of the 4,096 asked" in warnings[0]
+    done = [ln for ln in proc.stderr.splitlines() if ": done (" in ln]
+    assert len(done) == 3  # the reference and two configs, one line each
+
+
+def test_console_in_an_80_column_terminal(tmp_path):
+    """A real terminal 80 columns wide: nothing wider than the terminal (a live display
+    that wraps scrolls), the table or its records in full, the sentence under it."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(_drift_argv(tmp_path), env=env | {"TERM": "xterm"},
+                            stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=300) == 0
+    os.close(master)
+    text = _ANSI.sub("", b"".join(chunks).decode("utf-8", "replace"))
+    lines = [seg for line in text.split("\n") for seg in line.split("\r")]
+    table_lines = [ln for ln in lines if "│" in ln or "━" in ln]
+    assert all(len(ln.rstrip()) <= 80 for ln in table_lines + [ln for ln in lines
+                                                              if "tok/s" in ln])
+    for value in _full_values(tmp_path / "o"):
+        assert value in text
+    assert "lower KL is better" in text

@@ -8,6 +8,8 @@ import inspect
 
 import typer
 
+from .errors import user_errors
+
 app = typer.Typer(
     name="replayssm-quant",
     help="Pick the lowest SSM-state precision that keeps a hybrid model accurate, "
@@ -36,8 +38,11 @@ def _load() -> None:
                 continue  # command not built into this install
             raise
         mod.register(app)
-    for info in app.registered_commands:  # help from docstrings, one line per paragraph: the
-        # rich command list would otherwise keep the docstring's line breaks
+    for info in app.registered_commands:
+        if info.callback is not None:  # every user error: one line on stderr, exit 2
+            info.callback = user_errors(info.callback)
+        # help from docstrings, one line per paragraph: the rich command list would otherwise
+        # keep the docstring's line breaks
         doc = info.help or inspect.getdoc(info.callback) or ""
         info.help = "\n\n".join(" ".join(p.split("\n")) for p in doc.split("\n\n"))
 

@@ -10,6 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..precision import PRESETS, SHAPES, ModelShape, PrecisionConfig, parse_config, resolve_shape, step_bytes
+from .console import print_table
+
+HOW_TO_READ = ("How to read it: bytes of SSM state one decode step reads and writes; fewer is "
+               "cheaper, and 'vs conventional FP32' below 1 is the saving over the fp32 preset.")
+PAGE_HOW_TO_READ = ("How to read it: the cache bytes one request holds per layer; 'vs stock "
+                    "FP32' below 1 fits that many more requests in the same memory.")
 
 
 def configs_table(shape: ModelShape, extra: list[PrecisionConfig] | None = None) -> list[dict]:
@@ -71,7 +77,7 @@ def register(app: typer.Typer) -> None:
             t.add_row(r["name"], r["config"], _fmt_bytes(r["bytes_per_step"]),
                       _fmt_bytes(r["nonflush_bytes"]), _fmt_bytes(r["flush_bytes"]),
                       f"{r['traffic_vs_fp32']:.3f}")
-        Console(width=max(Console().width, 132)).print(t)
+        print_table(Console(), t, HOW_TO_READ)
 
 
 def _print_vllm_page(shape: str, config: list[str] | None, tp: int, as_json: bool) -> None:
@@ -93,4 +99,4 @@ def _print_vllm_page(shape: str, config: list[str] | None, tp: int, as_json: boo
         t.add_row(r["name"], r["config"], _fmt_bytes(r["page_bytes"]), _fmt_bytes(r["ckpt_bytes"]),
                   _fmt_bytes(r["read_bytes"]), _fmt_bytes(r["ring_bytes"]),
                   f"{r['vs_stock_fp32']:.3f}")
-    Console(width=max(Console().width, 132)).print(t)
+    print_table(Console(), t, PAGE_HOW_TO_READ)

@@ -11,12 +11,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import (
-    BarColumn,
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
     TaskProgressColumn,
-    TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
@@ -26,8 +24,13 @@ from rich.text import Text
 from ..evals.data import PG19_REPO, PG19_SPLIT
 from ..evals.drift import DEFAULT_CONFIGS
 from ..precision import parse_config, split_configs
+from .console import PlainProgressLines, fitted_columns, print_table, show_warnings
+from .errors import BadInput, check_out_dir, fail
 
 DEFAULT_MODELS = ("nemotron-h-tiny", "qwen3.5-tiny")
+HOW_TO_READ = ("How to read it: lower KL is better (0: the config's next-token distributions equal "
+               "the reference's); same top-1 near 100% and PPL ratio near 1 are better; the fp32 "
+               "row checks the emulation itself and should be ~0.")
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
 
@@ -90,14 +93,15 @@ def _print_result(console: Console, result, seconds: float) -> None:
                   _fmt(o.get("kl_p99")),
                   "–" if st is None else f"{100 * st:.2f}%",
                   "–" if o.get("ppl_ratio") is None else f"{o['ppl_ratio']:.4f}")
-    console.print(t)
+    print_table(console, t, HOW_TO_READ)
     sp = s["decay_spectrum"]
     frac = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sp["fraction_of_heads"].items())
     console.print(f"decay spectrum: {sp['heads']} SSM heads; heads with mean per-token decay "
-                  f"{frac}; longest-memory head {sp['max_mean_decay']:.4f}")
+                  f"{frac}; longest-memory head {sp['max_mean_decay']:.4f}", soft_wrap=True)
     if result.out_dir is not None:
         console.print(f"wrote {result.out_dir}/ (drift.md, summary.json, drift.parquet, "
-                      f"drift_pooled.parquet, kl_vs_position.png) in {seconds:.1f} s")
+                      f"drift_pooled.parquet, kl_vs_position.png) in {seconds:.1f} s",
+                      soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -120,7 +124,8 @@ def register(app: typer.Typer) -> None:
                  "FP32 model), or a .txt/.parquet/.jsonl file or folder (PG-19 schema).")
         ] = "gutenberg",
         max_tokens: Annotated[int, typer.Option(
-            "--max-tokens", help="Tokens per document (documents are cut to this).")] = 2048,
+            "--max-tokens", help="Tokens per document (documents are cut to this; a shorter "
+                                 "one runs on what it holds, with a warning).")] = 2048,
         docs: Annotated[int, typer.Option(help="Number of documents.")] = 1,
         prefill: Annotated[int, typer.Option(
             help="Prompt tokens run by the exact FP32 chunked scan; every later token runs "
@@ -151,6 +156,9 @@ def register(app: typer.Typer) -> None:
                  "on CUDA.")] = None,
         verbose: Annotated[bool, typer.Option(
             "--verbose", help="Show transformers' warnings.")] = False,
+        strict: Annotated[bool, typer.Option(
+            "--strict", help="Fail, rather than warn, when the data holds fewer tokens or "
+                             "documents than asked.")] = False,
     ) -> None:
         """Teacher-forced KL drift: run each document once in FP32 (the reference), then once
         per precision config with every SSM layer emulating that config's decode numerics after
@@ -163,33 +171,42 @@ def register(app: typer.Typer) -> None:
         """
         import torch
 
-        from ..evals.data import DataError, DataUnavailable
-        from ..evals.drift import NaNLogitsError, run_drift
-        from ..models.loading import ModelUnavailable
-        from ..models.registry import UnsupportedArchitecture
+        from ..evals.drift import run_drift
+        from ..models.loading import check_model
 
-        err = Console(stderr=True, width=max(Console(stderr=True).width, 150))
-        console = Console(width=max(Console().width, 150))
+        err = Console(stderr=True)
+        console = Console()
+        if max_tokens < 2:
+            raise BadInput(f"--max-tokens must be >= 2 (tokens per document), got {max_tokens}")
+        if docs < 1:
+            raise BadInput(f"--docs must be >= 1, got {docs}")
+        if prefill < 0 or prefill + 2 > max_tokens:
+            raise BadInput(f"--prefill must be >= 0 and leave 2 tokens of --max-tokens "
+                           f"{max_tokens}, got {prefill}")
+        check_out_dir(out)
+        names = list(models) if models else list(DEFAULT_MODELS)
+        for name in names:
+            check_model(name)
+        show_warnings()
         if not verbose:
             import transformers
 
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()
-        names = list(models) if models else list(DEFAULT_MODELS)
         cfg_list = split_configs(configs) if configs else list(DEFAULT_CONFIGS)
         try:
             dev = _device(device)
             dt = _dtype(dtype, dev)
         except ValueError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            raise fail(e) from None
         if threads or not dev.startswith("cuda"):
             torch.set_num_threads(threads or 1)
         results = []
         t0 = time.perf_counter()
-        columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+        wide = err.width >= 110  # the time left only where it fits
+        columns = (*fitted_columns(err.width, 58 if wide else 48), TaskProgressColumn(),
                    MofNCompleteColumn(), _TokensPerSecond(), TimeElapsedColumn(),
-                   TimeRemainingColumn())
+                   *((TimeRemainingColumn(),) if wide else ()))
         progress = Progress(*columns, console=err, transient=True)
         try:
             cfgs = [parse_config(c) for c in cfg_list]
@@ -199,14 +216,12 @@ def register(app: typer.Typer) -> None:
                 r = run_drift(name, cfgs, data, max_tokens=max_tokens, docs=docs,
                               prefill=prefill, seed=seed, out=folder, device=dev, dtype=dt,
                               reference=reference, keep_reference=keep_reference,
-                              pg19_repo=pg19_repo, pg19_split=pg19_split,
-                              progress=_RichProgress(progress, name))
+                              pg19_repo=pg19_repo, pg19_split=pg19_split, strict=strict,
+                              progress=(_RichProgress(progress, name) if err.is_terminal
+                                        else PlainProgressLines(err, name)))
                 results.append((r, time.perf_counter() - t1))
-        except (DataUnavailable, DataError, UnsupportedArchitecture, ModelUnavailable,
-                NaNLogitsError, ValueError) as e:
-            typer.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                       err=True)
-            raise typer.Exit(2) from None
+        except ValueError as e:  # configs, options; typed library errors map in user_errors
+            raise fail(e) from None
         finally:
             if progress.live.is_started:
                 progress.stop()

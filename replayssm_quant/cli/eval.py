@@ -11,18 +11,22 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import (
-    BarColumn,
     MofNCompleteColumn,
     Progress,
-    TextColumn,
     TimeElapsedColumn,
 )
 from rich.table import Table
 
 from ..precision import split_configs
+from .console import fitted_columns, print_table
+from .errors import BadInput, check_in_path, check_out_dir, fail
 
 DEFAULT_TASKS = "gpqa_diamond,mmlu_pro,math_l5"
 DEFAULT_CONFIGS = "fp32,nvfp4-read/fp32,nvfp4-read/fp8-sr,shared-nvfp4"
+HOW_TO_READ = ("How to read it: Δ is the config's accuracy minus the reference's on the same items "
+               "(negative: a drop); a Δ 95% CI that spans 0 with a high McNemar p shows no "
+               "detectable difference; flips are items answered differently; trunc % hit "
+               "--max-gen-toks.")
 
 
 def _pct(x: Any) -> str:
@@ -34,15 +38,32 @@ def _p(x: Any) -> str:
 
 
 class _Progress:
-    """Rich progress: one bar over the (task, config) runs, one over the current run's requests."""
+    """Rich progress on a terminal (one bar over the (task, config) runs, one over the current
+    run's requests), started with the first run so an early error prints alone; without a
+    terminal (``progress`` None) only the line per finished run."""
 
-    def __init__(self, progress: Progress, console: Console, total: int) -> None:
+    def __init__(self, progress: Progress | None, console: Console, total: int) -> None:
         self.progress = progress
         self.console = console
-        self.runs = progress.add_task("runs", total=total)
+        self.total = total
+        self.runs = None
         self.reqs = None
 
+    def _start(self) -> bool:
+        if self.progress is None:
+            return False
+        if self.runs is None:
+            self.progress.start()
+            self.runs = self.progress.add_task("runs", total=self.total)
+        return True
+
+    def stop(self) -> None:
+        if self.progress is not None and self.progress.live.is_started:
+            self.progress.stop()
+
     def run_started(self, task: str, config: str, index: int, total: int) -> None:
+        if not self._start():
+            return
         self.progress.update(self.runs, total=total, completed=index - 1,
                              description=f"{task} × {config}")
         if self.reqs is not None:
@@ -55,13 +76,15 @@ class _Progress:
 
     def run_finished(self, task: str, config: str, summary: dict[str, Any], cached: bool,
                      seconds: float) -> None:
-        self.progress.advance(self.runs)
+        if self._start():
+            self.progress.advance(self.runs)
         how = "cached" if cached else f"{seconds:.0f} s"
         self.console.print(
             f"{task} × {config}: n={summary.get('n')} accuracy {_pct(summary.get('accuracy'))}% "
             f"(lm-eval {_pct(summary.get('accuracy_raw'))}%), truncated "
             f"{_pct(summary.get('truncation_rate'))}%, invalid "
-            f"{_pct(summary.get('invalid_rate'))}% [{how}]")
+            f"{_pct(summary.get('invalid_rate'))}% [{how}]", markup=False, highlight=False,
+            soft_wrap=True)
 
 
 def _print_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -80,7 +103,7 @@ def _print_summary(console: Console, summary: dict[str, Any]) -> None:
                   "–" if dlo is None else f"{100 * dlo:+.1f}…{100 * dhi:+.1f}",
                   _p(r.get("mcnemar_p")), _pct(r.get("flip_rate")),
                   _pct(r.get("truncation_rate")), _pct(r.get("invalid_rate")))
-    console.print(t)
+    print_table(console, t, HOW_TO_READ)
 
 
 def _quiet() -> None:
@@ -118,6 +141,27 @@ def _probe_options(model: str, specs: list[Any], context_lengths: str,
         check_context_lengths(model, lengths)
         plan(resolve_subtasks(subtasks), lengths)
     return lengths, subtasks
+
+
+def _check_inputs(model: str, specs: list[Any], data: Path | None, out: Path) -> None:
+    """Output folder, model and data checked in a second or two, before lm-eval starts."""
+    from ..evals.generated import is_generated
+    from ..models.loading import check_model, hub_offline, hub_reachable
+
+    check_out_dir(out)
+    check_model(model)
+    needs_data = [s.key for s in specs if not is_generated(s)]
+    if data is not None:
+        check_in_path(data, "--data", folder=True)
+        if needs_data and not any(p.is_file() for p in data.rglob("*")):
+            raise BadInput(f"--data {data} is empty; it needs the task files of "
+                           f"{', '.join(needs_data)} (python tools/make_task_data.py {data} "
+                           "writes a small set)")
+    elif needs_data and not hub_offline() and not hub_reachable(timeout=1.5):
+        raise BadInput(f"the Hugging Face hub cannot be contacted (offline?) to fetch "
+                       f"{', '.join(needs_data)}; pass --data FOLDER with local task data "
+                       "(python tools/make_task_data.py FOLDER writes a small set), or set "
+                       "HF_DATASETS_OFFLINE=1 to use the datasets cache")
 
 
 def register(app: typer.Typer) -> None:
@@ -206,8 +250,8 @@ def register(app: typer.Typer) -> None:
                     raise ValueError("--limit must be > 0")
                 lim = int(limit) if limit >= 1 else float(limit)
         except ValueError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            raise fail(e) from None
+        _check_inputs(model, specs, data, out)
         if data is not None:
             os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -217,16 +261,17 @@ def register(app: typer.Typer) -> None:
             backend=backend, dtype=dtype, device=device, batch_size=batch_size,
             context_lengths=lengths, ruler_subtasks=subtasks, carry_terms=carry_terms)
         _quiet()
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        columns = (*fitted_columns(console.width, 24), MofNCompleteColumn(),
                    TimeElapsedColumn())
+        n_cfg = len({str(c) for c in [PRESETS["fp32"], *cfgs]})
+        tracker = _Progress(Progress(*columns, console=console, transient=False)
+                            if console.is_terminal else None, console, len(specs) * n_cfg)
         try:
-            with Progress(*columns, console=console, transient=False) as progress:
-                n_cfg = len({str(c) for c in [PRESETS["fp32"], *cfgs]})
-                result = run_suite(settings, out, resamples=resamples,
-                                   progress=_Progress(progress, console, len(specs) * n_cfg))
+            result = run_suite(settings, out, resamples=resamples, progress=tracker)
         except (TaskDataError, ValueError, OSError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1) from None
-        _print_summary(Console(width=max(Console().width, 140)), result.summary)
+            raise fail(e) from None
+        finally:
+            tracker.stop()
+        _print_summary(Console(), result.summary)
         console.print(f"wrote {out}/summary.json, {out}/items.parquet and runs/ "
                       f"({len(result.ran)} run, {len(result.cached)} cached)")

@@ -12,8 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..precision import PRESETS, SHAPES, ModelShape, PrecisionConfig, parse_config, resolve_shape, step_bytes
+from .console import print_table
 
 DEFAULT_CONFIGS = ("fp32", "replay-fp32", "nvfp4-read/fp16-sr")
+HOW_TO_READ = ("How to read it: one row per kernel launch of a decode step, in launch order; "
+               "programs is the grid, tile and warps each program's share, knobs the resolved "
+               "settings.")
 
 
 def parse_knobs(items: list[str] | None) -> dict[str, Any]:
@@ -92,7 +96,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, indent=2, default=str))
             return
-        console = Console(width=max(Console().width, 132))
+        console = Console()
         for r in rows:
             t = r["target"]
             where = (f"{t['name']} (sm_{t['capability'][0]}{t['capability'][1]}, {t['sms']} SMs)"
@@ -106,7 +110,7 @@ def register(app: typer.Typer) -> None:
                 warps = str(ln["warps"]) + (f" (maxnreg {ln['maxnreg']})" if ln["maxnreg"] else "")
                 table.add_row(str(i), f"{ln['launch']}\n[dim]{ln['kernel']}[/dim]",
                               str(ln["programs"]), ln["tile"], warps, _knob_text(ln["knobs"]))
-            console.print(table)
+            print_table(console, table, HOW_TO_READ if r is rows[-1] else None)
             mib = 2 ** 20
             if r["capacity"]:
                 console.print(f"  state bytes of the batch: non-flush step {r['nonflush_bytes'] / mib:,.1f}"

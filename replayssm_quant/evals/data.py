@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 PG19_REPO = "emozilla/pg19-test"
 PG19_SPLIT = "test"
 LOCAL_SUFFIXES = (".txt", ".parquet", ".jsonl")
+MAX_REPLACEMENT_SHARE = 0.01
+"""Text with more than 1% U+FFFD after decoding (or any NUL) is taken for a binary file."""
 CHARS_PER_TOKEN_BOUND = 12
 """Text is cut to ``max_tokens * 12`` characters before tokenising (retokenised in full if that
 was not enough), so a 400K-word book is not tokenised to keep 2K tokens."""
@@ -86,18 +88,48 @@ def _tokenize(tokenizer: Any, text: str, max_tokens: int) -> torch.Tensor:
     return torch.tensor(ids[:max_tokens], dtype=torch.int64)
 
 
+def _counts(items: list[tuple[str, int]]) -> str:
+    shown = ", ".join(f"{name}: {n:,}" for name, n in items[:5])
+    return shown + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+
 def _documents(texts: Iterable[_Text], tokenizer: Any, *, max_tokens: int, docs: int,
-               min_tokens: int, source: str) -> list[Document]:
+               min_tokens: int, source: str, strict: bool = False) -> list[Document]:
+    """Tokenised documents; the ones shorter than asked are named in one warning (an error with
+    ``strict``), the ones too short to use in the error when none is left."""
     out: list[Document] = []
+    skipped: list[tuple[str, int]] = []
     for t in texts:
         if len(out) >= docs:
             break
         ids = _tokenize(tokenizer, t.text, max_tokens)
         if ids.numel() < min_tokens:
-            log.warning("skipping %s: %d tokens, fewer than the %d needed", t.doc_id,
-                        ids.numel(), min_tokens)
+            skipped.append((t.name, int(ids.numel())))
             continue
         out.append(Document(t.doc_id, t.name, ids, source))
+    if not out:
+        raise DataError(f"no document of {source!r} has the {min_tokens:,} tokens needed"
+                        + (f" ({_counts(skipped)} tokens)" if skipped else ""))
+    short = [(d.name, len(d)) for d in out if len(d) < max_tokens]
+    problems = []
+    running = "" if strict else "; running on "
+    if len(short) == 1:
+        name, n = short[0]
+        problems.append(f"{name}: {n:,} tokens of the {max_tokens:,} asked"
+                        + (f"{running}{n:,}" if running else ""))
+    elif short:
+        problems.append(f"{len(short)} documents are shorter than the {max_tokens:,} tokens "
+                        f"asked ({_counts(short)})" + (f"{running}what they hold" if running else ""))
+    if len(out) < docs:
+        problems.append(f"{len(out)} document(s) of the {docs} asked in {source!r}")
+    if skipped:
+        problems.append(f"skipped {len(skipped)} shorter than the {min_tokens:,} tokens needed "
+                        f"({_counts(skipped)})")
+    if problems and strict:
+        raise DataError("; ".join(problems) + " (--strict: ask for fewer tokens or documents, "
+                        "or give more text)")
+    if problems:
+        log.warning("%s", "; ".join(problems) + " (--strict makes this an error)")
     return out
 
 
@@ -120,6 +152,21 @@ def _local_files(path: Path) -> list[Path]:
     raise DataError(f"data path {path} does not exist")
 
 
+def check_text(text: str, where: str) -> str:
+    """``text`` unless it looks like a binary file read as text (NUL bytes, or more than
+    :data:`MAX_REPLACEMENT_SHARE` of U+FFFD replacement characters after decoding)."""
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise DataError(f"{where} is not text (a NUL byte at character {nul:,}); give UTF-8 "
+                        "text (.txt) or the PG-19 schema (.parquet/.jsonl)")
+    bad = text.count("\ufffd")
+    if text and bad > MAX_REPLACEMENT_SHARE * len(text):
+        raise DataError(f"{where} is not UTF-8 text ({100 * bad / len(text):.0f}% of its "
+                        "characters do not decode); give UTF-8 text (.txt) or the PG-19 schema "
+                        "(.parquet/.jsonl)")
+    return text
+
+
 def _rows(path: Path) -> Iterator[dict]:
     import pandas as pd
 
@@ -139,15 +186,16 @@ def read_local(path: str | Path) -> Iterator[_Text]:
     for f in _local_files(root):
         rel = f.relative_to(root) if root.is_dir() else Path(f.name)
         if f.suffix.lower() == ".txt":
-            yield _Text(f"file/{_slug(str(rel))}", f.stem,
-                        f.read_text(encoding="utf-8", errors="replace"))
+            text = f.read_bytes().decode("utf-8", errors="replace")
+            yield _Text(f"file/{_slug(str(rel))}", f.stem, check_text(text, str(f)))
             continue
         for i, row in enumerate(_rows(f)):
             title = row.get("short_book_title") or f"{f.stem}[{i}]"
             text = row["text"]
             if not isinstance(text, str):
                 continue
-            yield _Text(f"file/{_slug(str(rel))}/{i}", str(title), text)
+            yield _Text(f"file/{_slug(str(rel))}/{i}", str(title),
+                        check_text(text, f"{f} row {i}"))
 
 
 # ----------------------------------------------------------------------------------- hub
@@ -223,18 +271,20 @@ def sample_self(model: torch.nn.Module, tokenizer: Any, n_tokens: int, *, seed: 
 # ----------------------------------------------------------------------------------- entry
 def load_documents(spec: str, tokenizer: Any, *, max_tokens: int, docs: int = 1,
                    min_tokens: int = 2, model: torch.nn.Module | None = None, seed: int = 0,
-                   pg19_repo: str = PG19_REPO, pg19_split: str = PG19_SPLIT) -> list[Document]:
+                   pg19_repo: str = PG19_REPO, pg19_split: str = PG19_SPLIT,
+                   strict: bool = False) -> list[Document]:
     """Up to ``docs`` documents of ``spec`` tokenised with ``tokenizer`` and cut to ``max_tokens``.
 
     Documents shorter than ``min_tokens`` are skipped; raises :class:`DataError` when none is
-    left, :class:`DataUnavailable` when the source cannot be reached.
+    left, :class:`DataUnavailable` when the source cannot be reached. Fewer tokens or documents
+    than asked is one logged warning, or a :class:`DataError` with ``strict``.
     """
     if max_tokens < 2:
-        raise DataError(f"max_tokens must be >= 2, got {max_tokens}")
+        raise DataError(f"max_tokens (tokens per document) must be >= 2, got {max_tokens}")
     if docs < 1:
         raise DataError(f"docs must be >= 1, got {docs}")
     spec = spec.strip()
-    kw = dict(max_tokens=max_tokens, docs=docs, min_tokens=min_tokens)
+    kw = dict(max_tokens=max_tokens, docs=docs, min_tokens=min_tokens, strict=strict)
     if spec.startswith("self:") or spec == "self":
         n_s = spec.partition(":")[2] or str(max_tokens)
         if not n_s.isdigit() or int(n_s) < 2:
@@ -259,6 +309,4 @@ def load_documents(spec: str, tokenizer: Any, *, max_tokens: int, docs: int = 1,
     else:
         raise DataError(f"unknown data source {spec!r}: use pg19[:REPO[:SPLIT]], gutenberg, "
                         "self:N, or an existing .txt/.parquet/.jsonl file or folder")
-    if not out:
-        raise DataError(f"no document of {spec!r} has the {min_tokens} tokens needed")
     return out

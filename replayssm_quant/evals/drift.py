@@ -268,6 +268,7 @@ def run_drift(
     pg19_repo: str = PG19_REPO,
     pg19_split: str = PG19_SPLIT,
     progress: DriftProgress | None = None,
+    strict: bool = False,
 ) -> DriftResult:
     """Measure the teacher-forced KL drift of ``configs`` on ``data``.
 
@@ -276,6 +277,8 @@ def run_drift(
     id, local folder, ``random:<model_type>``). ``data``: a spec for
     :func:`~replayssm_quant.evals.data.load_documents` or ready documents. With ``out`` every
     result is written there and a rerun resumes; without it nothing touches the disk.
+    ``strict``: documents shorter than ``max_tokens`` (or fewer than ``docs``) are an error
+    rather than a warning.
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
@@ -301,7 +304,7 @@ def run_drift(
             raise ValueError("a data spec needs the model's tokenizer")
         documents = load_documents(data, tok, max_tokens=max_tokens, docs=docs,
                                    min_tokens=prefill + 2, model=model, seed=seed,
-                                   pg19_repo=pg19_repo, pg19_split=pg19_split)
+                                   pg19_repo=pg19_repo, pg19_split=pg19_split, strict=strict)
         data_label = data
     else:
         documents = [d for d in data if len(d) >= prefill + 2]
