@@ -12,7 +12,10 @@ same name for two configs: ``mismatched``) are all errors, never passes.
 
 Outcomes follow JUnit: a threshold that is not met is a *failure* (exit 1); a result the gate
 cannot trust, or input it cannot read, is an *error* (exit 2). Errors win over failures,
-because a verdict computed from broken results is not a verdict.
+because a verdict computed from broken results is not a verdict. A task check whose evidence
+is too thin to decide (:mod:`replayssm_quant.results.evidence`) is a failure of kind
+``undecided``, or, where the policy says ``evidence: {allow_undecided: true}``, a *skipped*
+case that does not change the exit code.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "load_policy",
+    "default_output",
     "parse_policy",
     "run_gate",
 ]
@@ -62,8 +66,8 @@ CheckSpec = Check
 class GateCase:
     """One JUnit test case: a threshold on one value, or one integrity requirement.
 
-    ``status``: pass, fail (threshold not met) or error (``kind``: missing, nan, partial,
-    mismatched, invalid).
+    ``status``: pass, fail (threshold not met, or ``kind`` undecided), skipped (undecided, allowed
+    by the policy) or error (``kind``: missing, nan, partial, mismatched, invalid).
     """
 
     group: str
@@ -81,6 +85,7 @@ class GateResult:
     cases: list[GateCase] = field(default_factory=list)
     policy: Criteria | None = None
     inputs: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[GateCase]:
@@ -89,6 +94,14 @@ class GateResult:
     @property
     def errors(self) -> list[GateCase]:
         return [c for c in self.cases if c.status == "error"]
+
+    @property
+    def skipped(self) -> list[GateCase]:
+        return [c for c in self.cases if c.status == "skipped"]
+
+    @property
+    def passed(self) -> list[GateCase]:
+        return [c for c in self.cases if c.status == "pass"]
 
     @property
     def exit_code(self) -> int:
@@ -106,17 +119,21 @@ class GateResult:
         groups: dict[str, list[GateCase]] = {}
         for c in self.cases:
             groups.setdefault(c.group, []).append(c)
-        total = {"tests": 0, "failures": 0, "errors": 0}
+        total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for group, cases in groups.items():
             suite = ET.SubElement(suites, "testsuite", name=group, tests=str(len(cases)),
                                   failures=str(sum(c.status == "fail" for c in cases)),
                                   errors=str(sum(c.status == "error" for c in cases)),
-                                  skipped="0", time="0")
+                                  skipped=str(sum(c.status == "skipped" for c in cases)),
+                                  time="0")
             for c in cases:
                 tc = ET.SubElement(suite, "testcase", classname=group, name=c.name, time="0")
                 if c.status == "fail":
-                    el = ET.SubElement(tc, "failure", message=c.message, type="threshold")
+                    el = ET.SubElement(tc, "failure", message=c.message,
+                                       type=c.kind or "threshold")
                     el.text = c.message
+                elif c.status == "skipped":
+                    ET.SubElement(tc, "skipped", message=c.message)
                 elif c.status == "error":
                     el = ET.SubElement(tc, "error", message=c.message, type=c.kind or "error")
                     el.text = c.message
@@ -125,6 +142,7 @@ class GateResult:
             total["tests"] += len(cases)
             total["failures"] += int(suite.get("failures"))
             total["errors"] += int(suite.get("errors"))
+            total["skipped"] += int(suite.get("skipped"))
         for k, v in total.items():
             suites.set(k, str(v))
         ET.indent(suites)
@@ -137,9 +155,12 @@ class GateResult:
         lines = [f"## {icon} replayssm-quant gate: {self.verdict}", ""]
         pol = self.policy.path if self.policy and self.policy.path else "the policy"
         lines.append(f"{n} check(s) of `{pol}` on {', '.join(f'`{i}`' for i in self.inputs)}: "
-                     f"{n - len(self.failures) - len(self.errors)} passed, "
-                     f"{len(self.failures)} failed, {len(self.errors)} error(s).")
+                     f"{len(self.passed)} passed, "
+                     f"{len(self.failures)} failed, {len(self.errors)} error(s)" +
+                     (f", {len(self.skipped)} undecided (allowed)." if self.skipped else "."))
         lines.append("")
+        for w in self.warnings:
+            lines += [f"> warning: {_md(w)}", ""]
         if self.errors:
             lines += ["### Errors (results the gate cannot trust)", "",
                       "| kind | check | case | problem |", "|---|---|---|---|"]
@@ -152,7 +173,13 @@ class GateResult:
             lines += [f"| {_md(c.group)} | {_md(c.name)} | {_fmt(c.value)} | {_md(c.limit)} |"
                       for c in self.failures]
             lines.append("")
-        passed = [c for c in self.cases if c.status == "pass"]
+        if self.skipped:
+            lines += ["### Undecided, allowed by the policy (evidence too thin to decide)", "",
+                      "| check | case | why |", "|---|---|---|"]
+            lines += [f"| {_md(c.group)} | {_md(c.name)} | {_md(c.message)} |"
+                      for c in self.skipped]
+            lines.append("")
+        passed = self.passed
         if passed:
             lines += ["<details><summary>Passed checks</summary>", "",
                       "| check | case | value | limit |", "|---|---|---:|---|"]
@@ -181,6 +208,14 @@ def _fmt(x: float | None) -> str:
     if x == 0:
         return "0"
     return f"{x:.4g}" if 1e-3 <= abs(x) < 1e5 else f"{x:.3e}"
+
+
+def default_output(results: Sequence[str | Path], name: str) -> Path:
+    """Where the gate writes ``name`` when no path is given: ``gate/`` inside the first results
+    folder (next to the results it judged, never into the current folder)."""
+    first = Path(results[0]) if results else Path(".")
+    folder = first.parent if first.is_file() else first
+    return folder / "gate" / name
 
 
 # ---------------------------------------------------------------------------------------- core
@@ -308,6 +343,13 @@ def _check(run: _Run, m: ModelResults, spec: Check, baseline: ResultSet | None) 
         if o.status == "error":
             run.error(group, case, o.kind or "missing", o.note, m.model)
             continue
+        if o.undecided:
+            allowed = run.policy.evidence.allow_undecided
+            msg = (f"{spec.metric} undecided: {o.note}" +
+                   (" (allowed by the policy: evidence.allow_undecided)" if allowed else ""))
+            run.cases.append(GateCase(group, case, "skipped" if allowed else "fail", msg,
+                                      "undecided", m.model, o.value))
+            continue
         parts = []
         if o.upper is not None:
             parts.append(f"≤ {_fmt(o.upper)}")
@@ -340,6 +382,7 @@ def run_gate(results: Sequence[str | Path], policy: Criteria | str | Path,
         return out
     try:
         rs = load_results(results)
+        out.warnings += rs.warnings
     except ResultsError as e:
         out.cases += [GateCase("results", p.split(": ")[0], "error", p, k)
                       for p, k in zip(e.problems, e.kinds, strict=True)]
@@ -348,6 +391,7 @@ def run_gate(results: Sequence[str | Path], policy: Criteria | str | Path,
     if baseline:
         try:
             base = load_results(baseline)
+            out.warnings += base.warnings
         except ResultsError as e:
             out.cases += [GateCase("baseline", p.split(": ")[0], "error", p, k)
                           for p, k in zip(e.problems, e.kinds, strict=True)]

@@ -10,8 +10,10 @@ The budget compiles into the check language of :mod:`replayssm_quant.results.cri
 check is evaluated per config into an :class:`~replayssm_quant.results.criteria.Outcome` that
 knows its value, its limit and by how much it misses (``excess``: 0 at the limit, 1 at twice
 the allowance), so a rejection names the metric, and "closest" has a meaning when nothing
-qualifies: the config whose worst check misses by the least. Rendering lives in
-:mod:`replayssm_quant.report`.
+qualifies: the config whose worst check misses by the least. A config whose task evidence
+is too thin to decide a check (:mod:`replayssm_quant.results.evidence`) is *undecided*: it is
+never picked, and when every config is rejected or undecided the exit code is 3. Rendering
+lives in :mod:`replayssm_quant.report`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .results import (
     load_benchmark,
 )
 from .results.criteria import failed, lookup
+from .results.evidence import decide
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -118,6 +121,16 @@ class Candidate:
         return self.cost.value is not None and all(c.ok for c in self.checks)
 
     @property
+    def undecided(self) -> bool:
+        """Nothing rejects it, but some task check could not be decided."""
+        return (self.cost.value is not None and any(c.undecided for c in self.checks)
+                and all(c.ok or c.undecided for c in self.checks))
+
+    @property
+    def verdict(self) -> str:
+        return "qualifies" if self.qualifies else "undecided" if self.undecided else "rejected"
+
+    @property
     def worst_excess(self) -> float:
         """The largest normalised excess over the checks (-inf with no checks)."""
         return max((c.excess for c in self.checks), default=-math.inf)
@@ -134,7 +147,7 @@ class Candidate:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "config": str(self.config), "qualifies": self.qualifies,
-                "worst_excess": self.worst_excess, "cost": self.cost.to_dict(),
+                "verdict": self.verdict, "worst_excess": self.worst_excess, "cost": self.cost.to_dict(),
                 "checks": [c.to_dict() for c in self.checks], "rejected_because": self.reasons()}
 
 
@@ -143,13 +156,16 @@ def vllm_additional_config(config: str | PrecisionConfig) -> str:
     return json.dumps({"replayssm_quant": str(config)})
 
 
-def vllm_serve_command(model: str, config: str | PrecisionConfig) -> str:
+def vllm_serve_command(model: str, config: str | PrecisionConfig, kind: str | None = None) -> str:
     """A ``vllm serve`` line for the plugin (docs/vllm.md): ReplaySSM configs also need
-    ``--use-replayssm`` with their L, and the plugin refuses prefix caching."""
+    ``--use-replayssm`` with their L, Mamba-2 models (``kind`` ``mamba2``, e.g. Nemotron-H)
+    vLLM's Triton Mamba backend, and the plugin refuses prefix caching."""
     cfg = parse_config(config)
     flags = ["VLLM_USE_V2_MODEL_RUNNER=0 vllm serve", model]
     if cfg.L > 1:
         flags += ["--use-replayssm", f"--replayssm-buffer-len {cfg.L}"]
+    if kind == "mamba2":
+        flags.append("--mamba-backend triton")
     flags += ["--no-enable-prefix-caching", f"--additional-config '{vllm_additional_config(config)}'"]
     return " ".join(flags)
 
@@ -174,6 +190,25 @@ class Recommendation:
         return 0 if self.chosen is not None else EXIT_NONE_QUALIFIES
 
     @property
+    def status(self) -> str:
+        """ok (a pick), undecided (no pick, and some config's task evidence could not decide)
+        or none_qualifies."""
+        if self.chosen is not None:
+            return "ok"
+        return "undecided" if self.undecided else "none_qualifies"
+
+    @property
+    def undecided(self) -> list[Candidate]:
+        """Configs left out because their task evidence cannot decide a check."""
+        return [c for c in self.candidates if c.undecided]
+
+    @property
+    def serve_command(self) -> str | None:
+        if self.chosen is None:
+            return None
+        return vllm_serve_command(self.model, self.chosen.config, self.shape.kind)
+
+    @property
     def rejected_cheaper(self) -> list[Candidate]:
         """Candidates ranked before the pick (all of them, when nothing qualifies)."""
         out = []
@@ -188,10 +223,11 @@ class Recommendation:
         return _json_safe({
             "schema_version": 1,
             "model": self.model,
-            "status": "ok" if pick is not None else "none_qualifies",
+            "status": self.status,
             "name": pick.name if pick else None,
             "config": str(pick.config) if pick else None,
             "vllm_additional_config": vllm_additional_config(pick.config) if pick else None,
+            "vllm_serve": self.serve_command,
             "closest": ({"name": self.closest.name, "config": str(self.closest.config),
                          "worst_excess": self.closest.worst_excess,
                          "rejected_because": self.closest.reasons()}
@@ -202,6 +238,8 @@ class Recommendation:
             "budget": self.budget.to_dict(),
             "evidence": self.evidence,
             "not_checked": self.not_checked,
+            "undecided": [{"name": c.name, "config": str(c.config), "reasons": c.reasons()}
+                          for c in self.undecided],
             "rejected_cheaper": [{"name": c.name, "config": str(c.config), "reasons": c.reasons()}
                                  for c in (self.rejected_cheaper if pick else [])],
             "candidates": [c.to_dict() for c in self.candidates],
@@ -271,7 +309,8 @@ def _task_outcomes(results: ModelResults, key: PrecisionConfig,
             continue
         (task,) = check.tasks
         if tasks.is_reference(key):
-            out.append(judge(check, 0.0, scope=task, by_definition=True))
+            out.append(decide(judge(check, 0.0, scope=task, by_definition=True), tasks,
+                              check.metric, key, task, criteria.evidence))
             continue
         row = tasks.row(task, key)
         if row is None:
@@ -281,7 +320,8 @@ def _task_outcomes(results: ModelResults, key: PrecisionConfig,
             out.append(failed(check.shown, task, f"{issue.kind} result: {issue.message}",
                               issue.kind))
         value, _ = lookup(results, check, key, task)
-        out.append(judge(check, value, scope=task))
+        out.append(decide(judge(check, value, scope=task), tasks, check.metric, key, task,
+                          criteria.evidence))
     return out
 
 

@@ -88,9 +88,12 @@ def write_drift(folder: Path, kl_last: Mapping[str, float], **kw) -> Path:
 def task_summary(rows: Mapping[tuple[str, str], tuple[float, float]], *,
                  model: str = "nvidia/NVIDIA-Nemotron-3-Nano-4B", items: int = 198,
                  n: Mapping[tuple[str, str], int] | None = None,
-                 truncation: float = 0.01) -> dict:
+                 truncation: float = 0.01, invalid: float = 0.005,
+                 method: str | None = "tango-score") -> dict:
     """Task results: ``rows[(task, config)] = (accuracy, delta_lo)`` (fractions); the fp32
-    reference row is added per task with accuracy 0.70."""
+    reference row is added per task with accuracy 0.70. ``method``: the rows'
+    ``delta_ci_method`` (None: left out, as runs before it was recorded)."""
+    extra = {} if method is None else {"delta_ci_method": method}
     n = n or {}
     tasks = sorted({t for t, _ in rows})
     out = []
@@ -98,7 +101,8 @@ def task_summary(rows: Mapping[tuple[str, str], tuple[float, float]], *,
         out.append({"task": task, "name": "fp32", "config": str(PRESETS["fp32"]), "n": items,
                     "accuracy": 0.70, "accuracy_lo": 0.63, "accuracy_hi": 0.76,
                     "delta": 0.0, "delta_lo": 0.0, "delta_hi": 0.0, "mcnemar_p": 1.0,
-                    "flip_rate": 0.0, "truncation_rate": truncation, "invalid_rate": 0.0})
+                    "flip_rate": 0.0, "truncation_rate": truncation, "invalid_rate": 0.0}
+                   | extra)
         for (t, name), (acc, dlo) in rows.items():
             if t != task:
                 continue
@@ -109,7 +113,7 @@ def task_summary(rows: Mapping[tuple[str, str], tuple[float, float]], *,
                         "accuracy_lo": acc - 0.065, "accuracy_hi": acc + 0.06,
                         "delta": delta, "delta_lo": dlo, "delta_hi": delta + (delta - dlo),
                         "mcnemar_p": 0.5, "flip_rate": 0.04, "truncation_rate": truncation,
-                        "invalid_rate": 0.005})
+                        "invalid_rate": invalid} | extra)
     return {"kind": "tasks", "schema_version": 1, "model": model, "reference": "fp32",
             "seed": 1234, "tasks": [{"task": t, "items": items, "max_gen_toks": 32768}
                                     for t in tasks],
@@ -153,3 +157,29 @@ def write_bench(path: Path, times: Mapping[str, float], *, shape: str = "nemotro
         w.writeheader()
         w.writerows(rows)
     return path
+
+
+def paired_tasks(folder: Path, configs: Mapping[str, int], *, n: int, task: str = "gpqa",
+                 truncation: float = 0.0, invalid: float = 0.0,
+                 method: str | None = "tango-score", **kw) -> Path:
+    """Task results whose paired intervals are Tango's, computed from real paired correctness:
+    ``configs[name]`` items of the reference's ``n`` (70% right) turn wrong under ``name``."""
+    import numpy as np
+
+    from replayssm_quant.evals.stats import paired_difference_ci
+
+    ref = np.arange(n) < round(0.7 * n)
+    summary = task_summary({(task, name): (0.7, 0.0) for name in configs}, items=n,
+                           truncation=truncation, invalid=invalid, method=method, **kw)
+    for row in summary["results"]:
+        row["truncation_rate"], row["invalid_rate"] = truncation, invalid
+        if row["name"] == "fp32":
+            continue
+        cand = ref.copy()
+        cand[: configs[row["name"]]] = False
+        delta, lo, hi = paired_difference_ci(ref, cand)
+        row |= {"accuracy": float(cand.mean()), "delta": delta, "delta_lo": lo, "delta_hi": hi,
+                "flip_rate": configs[row["name"]] / n}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    return folder

@@ -116,3 +116,64 @@ def test_budget_and_policy_agree(tmp_path):
     b = {o.config: o.status for o in evaluate(m, b_check, budget)}
     p = {o.config: o.status for o in evaluate(m, p_check, policy)}
     assert b == p == {"fp32": "pass", "nvfp4-read/fp32": "pass", "shared-nvfp4": "fail"}
+
+
+# ---------------------------------------------------------------------------------- undecided
+DROP = Budget(max_accuracy_drop=1.0)
+
+
+def _task_outcomes(tmp_path, budget=DROP, **kw):
+    from tests.resultdata import paired_tasks
+
+    m = load_results([paired_tasks(tmp_path / "t", {"nvfp4-read/fp32": 0, "shared-nvfp4": 150},
+                                   **kw)]).model()
+    crit = budget.criteria(m.tasks.tasks)
+    (check,) = crit.checks[-1:]
+    return {o.config: o for o in evaluate(m, check, crit)}
+
+
+def test_small_sample_is_undecided_not_a_pass(tmp_path):
+    # 4 items, every answer the same: Tango's interval is wide, so the drop's bound straddles
+    # the 1-point limit; a bootstrap would have said [0, 0] and passed
+    by = _task_outcomes(tmp_path, n=4)
+    o = by["nvfp4-read/fp32"]
+    assert o.status == "undecided" and not o.ok and "too few items (4)" in o.note
+    assert "undecided" in o.describe()
+
+
+def test_big_concordant_sample_passes_and_positive_control_fails(tmp_path):
+    by = _task_outcomes(tmp_path, n=500)
+    assert by["nvfp4-read/fp32"].ok and by["nvfp4-read/fp32"].value < 1.0
+    bad = by["shared-nvfp4"]  # 150 of 500 items turn wrong: a 30-point drop
+    assert bad.status == "fail" and bad.value > 25
+
+
+@pytest.mark.parametrize("kw,reason", [
+    ({"truncation": 0.5}, "50% of answers truncated (limit 10%)"),
+    ({"invalid": 0.25}, "25% of answers invalid (limit 10%)"),
+    ({"method": None}, "interval method unknown"),
+    ({"method": "bootstrap"}, "interval method 'bootstrap' is not valid at small n"),
+])
+def test_thin_evidence_is_undecided(tmp_path, kw, reason):
+    by = _task_outcomes(tmp_path, n=500, **kw)
+    for config in ("nvfp4-read/fp32", "shared-nvfp4"):
+        assert by[config].status == "undecided" and reason in by[config].note
+    # the reference's own answers count too: all truncated, it cannot anchor a comparison
+    if "truncation" in kw:
+        assert by["fp32"].status == "undecided" and by["fp32"].note.startswith("reference:")
+
+
+def test_evidence_limits_are_settable(tmp_path):
+    loose = Budget(max_accuracy_drop=1.0, max_truncation_rate=0.6)
+    assert _task_outcomes(tmp_path, loose, n=500, truncation=0.5)["nvfp4-read/fp32"].ok
+    pol = parse_policy({"version": 1, "evidence": {"max_truncation_rate": 0.6,
+                                                   "allow_undecided": True},
+                        "checks": [{"source": "tasks", "metric": "drop_hi_points", "max": 1}]})
+    assert pol.evidence.max_truncation_rate == 0.6 and pol.evidence.allow_undecided
+    with pytest.raises(Exception, match="evidence: unknown key 'max_truncated'"):
+        parse_policy({"version": 1, "evidence": {"max_truncated": 0.1},
+                      "checks": [{"source": "tasks", "metric": "drop_hi_points", "max": 1}]})
+    from replayssm_quant.results import InputError
+
+    with pytest.raises(InputError, match="fraction"):
+        Budget(max_truncation_rate=10)

@@ -366,3 +366,86 @@ def test_real_drift_output(tmp_path, real_drift):
     assert r.exit_code == 0, r.output
     html = (tmp_path / "rep" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # KL, decay spectrum, cost vs drift
+
+
+# ------------------------------------------------------------------------------------- undecided
+def test_undecided_fails_unless_the_policy_allows_it(tmp_path):
+    thin = _results(tmp_path, task_kw={"truncation": 0.5})
+    r, junit, md = _gate(tmp_path, thin)
+    assert r.exit_code == 1, r.output
+    undecided = [f for f in junit.iter("failure") if f.get("type") == "undecided"]
+    assert undecided and all("50% of answers truncated" in f.get("message") for f in undecided)
+    assert not _errors(junit)
+    allowed = POLICY | {"evidence": {"allow_undecided": True}}
+    r, junit, md = _gate(tmp_path, thin, _policy(tmp_path, allowed, "allow.yaml"))
+    assert r.exit_code == 0, r.output
+    assert int(junit.get("skipped")) == len(undecided) and not _failures(junit)
+    assert "undecided (allowed)" in r.output and "Undecided, allowed by the policy" in md
+    # a looser limit decides it
+    loose = POLICY | {"evidence": {"max_truncation_rate": 0.6}}
+    r, junit, _ = _gate(tmp_path, thin, _policy(tmp_path, loose, "loose.yaml"))
+    assert r.exit_code == 0 and junit.get("skipped") == "0"
+
+
+def test_gate_writes_into_the_results_folder_by_default(tmp_path, monkeypatch):
+    results = _results(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["gate", str(results), "--policy", str(_policy(tmp_path)),
+                            "--no-step-summary"])
+    assert r.exit_code == 0, r.output
+    assert (results / "gate" / "junit.xml").is_file() and (results / "gate" / "summary.md").is_file()
+    assert not (tmp_path / "gate").exists()
+    r = runner.invoke(app, ["gate", "--help"], env={"COLUMNS": "200"})
+    assert "inside the first results folder" in r.output
+
+
+# ------------------------------------------------------------------------------------- data files
+def _copy(real_drift, tmp_path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(real_drift, tmp_path / "copy"))
+
+
+def _one_line_error(r, *words):
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert len(lines) == 1 and all(w in lines[0] for w in words), r.output
+
+
+def test_recorded_files_are_verified(tmp_path, real_drift):
+    summary = json.loads((real_drift / "summary.json").read_text())
+    assert set(summary["files"]) == {"drift.parquet", "drift_pooled.parquet"}
+    assert all(len(f["sha256"]) == 64 and f["rows"] > 0 for f in summary["files"].values())
+    # a truncated parquet: every reader stops with one line naming the file
+    folder = _copy(real_drift, tmp_path)
+    data = (folder / "drift.parquet").read_bytes()
+    (folder / "drift.parquet").write_bytes(data[: len(data) // 2])
+    words = ("drift.parquet", "truncated", "rerun the command that made it")
+    _one_line_error(runner.invoke(app, ["recommend", str(folder), "--out",
+                                        str(tmp_path / "rec")]), *words)
+    _one_line_error(runner.invoke(app, ["report", str(folder), "--out", str(tmp_path / "rep")]),
+                    *words)
+    r, junit, _ = _gate(tmp_path, folder, _policy(tmp_path, {"version": 1, "require":
+                                                            {"drift": True}}))
+    assert r.exit_code == 2 and any("truncated" in m for _, m in _errors(junit))
+    # one altered byte, same size
+    folder.joinpath("drift.parquet").write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    _one_line_error(runner.invoke(app, ["recommend", str(folder), "--out",
+                                        str(tmp_path / "rec")]),
+                    "drift.parquet", "altered", "rerun the command that made it")
+    # a missing one
+    folder.joinpath("drift.parquet").unlink()
+    _one_line_error(runner.invoke(app, ["recommend", str(folder), "--out",
+                                        str(tmp_path / "rec")]), "drift.parquet", "missing")
+
+
+def test_folders_without_records_load_with_one_warning(tmp_path, real_drift):
+    folder = _copy(real_drift, tmp_path)
+    s = json.loads((folder / "summary.json").read_text())
+    del s["files"]
+    (folder / "summary.json").write_text(json.dumps(s))
+    tasks = write_tasks(tmp_path / "tasks", TASKS, model="random:nemotron_h")
+    r = runner.invoke(app, ["recommend", str(folder), str(tasks), "--out", str(tmp_path / "r")])
+    warnings = [ln for ln in r.output.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "not verified" in warnings[0], r.output
+    assert str(folder) in warnings[0] and str(tasks) in warnings[0]

@@ -296,3 +296,75 @@ def test_benchmark_loader(tmp_path):
     (tmp_path / "x.csv").write_text("shape,batch\nfoo,1\n")
     with pytest.raises(InputError, match="config_string"):
         load_benchmark(tmp_path / "x.csv")
+
+
+# ---------------------------------------------------------------------------------- undecided
+UNDECIDED_KL = {"fp32": 0.0, "nvfp4-read/fp32": 0.0015, "shared-nvfp4": 0.002}
+
+
+def _paired(tmp_path, **kw):
+    from tests.resultdata import paired_tasks
+
+    drift = write_drift(tmp_path / "drift", UNDECIDED_KL)
+    tasks = paired_tasks(tmp_path / "tasks", {"nvfp4-read/fp32": 0, "shared-nvfp4": 0},
+                         model="nvidia/NVIDIA-Nemotron-3-Nano-4B", **kw)
+    return drift, tasks
+
+
+def test_cli_thin_task_evidence_is_undecided_exit_3(tmp_path):
+    """The README's small flow: 4 items a task, every answer cut off and unreadable. Nothing is
+    decided, so nothing is recommended; the console says why for each config."""
+    drift, tasks = _paired(tmp_path, n=4, truncation=1.0, invalid=1.0)
+    r = _cli(drift, tasks, "--out", tmp_path / "out")
+    assert r.exit_code == 3, r.output
+    assert "no config qualifies or is decided" in r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("undecided:")]
+    assert {ln.split(":")[1].strip() for ln in lines} == {"shared-nvfp4", "nvfp4-read/fp32",
+                                                         "fp32"}
+    assert all("100% of answers truncated (limit 10%)" in ln for ln in lines)
+    d = json.loads((tmp_path / "out" / "recommendation.json").read_text())
+    assert d["status"] == "undecided" and d["name"] is None
+    assert {u["name"] for u in d["undecided"]} == {"shared-nvfp4", "nvfp4-read/fp32", "fp32"}
+    assert {c["verdict"] for c in d["candidates"]} == {"undecided"}
+    assert d["budget"]["max_truncation_rate"] == 0.1
+
+
+def test_undecided_configs_are_never_picked(tmp_path):
+    # 4 items, none truncated: the cheap configs' intervals straddle the limit; fp32, the
+    # reference, is decided by definition and is the pick
+    drift, tasks = _paired(tmp_path, n=4)
+    rec = recommend(load_results([drift, tasks]).model())
+    assert rec.chosen.name == "fp32" and rec.exit_code == 0
+    assert [c.name for c in rec.undecided] == ["shared-nvfp4", "nvfp4-read/fp32"]
+    # 500 concordant items decide it: the cheapest config passes
+    drift, tasks = _paired(tmp_path / "big", n=500)
+    rec = recommend(load_results([drift, tasks]).model())
+    assert rec.chosen.name == "shared-nvfp4" and not rec.undecided
+
+
+def test_truncation_limit_is_an_option(tmp_path):
+    drift, tasks = _paired(tmp_path, n=500, truncation=0.5)
+    r = _cli(drift, tasks, "--out", tmp_path / "a")
+    assert r.exit_code == 3 and "50% of answers truncated" in r.output
+    r = _cli(drift, tasks, "--out", tmp_path / "b", "--max-truncated", "0.6")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b" / "recommendation.json").read_text())["name"] == \
+        "shared-nvfp4"
+
+
+def test_serve_command_has_the_mamba_backend_for_mamba2():
+    from replayssm_quant.recommend import vllm_serve_command
+
+    nemotron = vllm_serve_command("nvidia/NVIDIA-Nemotron-3-Nano-4B", "nvfp4-read/fp32", "mamba2")
+    assert "--use-replayssm --replayssm-buffer-len 16 --mamba-backend triton" in nemotron
+    qwen = vllm_serve_command("Qwen/Qwen3.5-4B", "nvfp4-read/fp32", "gdn")
+    assert "--mamba-backend" not in qwen
+
+
+def test_cli_prints_the_mamba_backend_for_nemotron(tmp_path):
+    r = _cli(write_drift(tmp_path / "drift", KL), "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert "--mamba-backend triton" in r.output
+    d = json.loads((tmp_path / "out" / "recommendation.json").read_text())
+    assert "--mamba-backend triton" in d["vllm_serve"]
+    assert "--mamba-backend triton" in (tmp_path / "out" / "recommendation.md").read_text()

@@ -126,7 +126,7 @@ def decay_spectrum(drift: DriftResults) -> bytes | None:
 
 def task_accuracy(tasks: TaskResults, max_drop: float | None = None) -> bytes:
     """Accuracy per task and config with 95% CIs, and the paired accuracy change against the
-    reference with its bootstrap CI (what the budget limits)."""
+    reference with its paired 95% interval (what the budget limits)."""
     plt = _pyplot()
     names = tasks.tasks
     configs = list(dict.fromkeys(r.name for r in tasks.rows))
@@ -191,11 +191,9 @@ def cost_tradeoff(rec: Recommendation) -> bytes | None:
     floor = min(positive) / 10 if positive else 1e-12
     for c, x, kl in points:
         chosen = rec.chosen is not None and c.config == rec.chosen.config
-        color = "tab:green" if c.qualifies else "tab:red"
+        color = "tab:green" if c.qualifies else "tab:orange" if c.undecided else "tab:red"
         ax.scatter([x], [max(kl, floor)], s=90 if chosen else 40, color=color,
                    marker="*" if chosen else "o", zorder=3)
-        ax.annotate(c.name, (x, max(kl, floor)), fontsize=7, xytext=(4, 3),
-                    textcoords="offset points")
     if positive:
         ax.set_yscale("log")
     if rec.budget.max_kl is not None and rec.budget.max_kl > 0:
@@ -203,7 +201,60 @@ def cost_tradeoff(rec: Recommendation) -> bytes | None:
     ax.set_xlabel("state traffic per step vs conventional FP32" if rec.cost_basis != "time"
                   else "measured step time [µs]")
     ax.set_ylabel(f"{rec.budget.kl_stat} in {rec.evidence.get('drift_bucket', '?')} [nats]")
-    ax.set_title(f"{rec.model}: cost vs drift (green: inside the budget)", fontsize=10)
+    ax.set_title(f"{rec.model}: cost vs drift (green: inside the budget, orange: undecided)",
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
+    place_labels(ax, [(c.name, x, max(kl, floor)) for c, x, kl in points])
     return _png(fig)
+
+
+_RINGS = (7.0, 16.0, 28.0, 42.0, 58.0, 76.0)
+"""Distances (points) at which a label is tried around its marker, nearest first."""
+_DIRECTIONS = ((1, 0.4), (1, -0.9), (-1, 0.4), (-1, -0.9), (0.3, 1), (0.3, -1.4), (-0.3, 1),
+               (-0.3, -1.4))
+
+
+def place_labels(ax, labels: list[tuple[str, float, float]], fontsize: float = 7) -> None:
+    """Label data points so that no label overlaps another label or a marker: each label, in
+    x order, takes the nearest free spot on rings around its point (a thin leader line joins
+    it to the point when it sits away from it); the figure's layout must be final."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    fbox = ax.bbox  # inside the axes: clear of the tick and axis labels
+    marks = [ax.transData.transform((x, y)) for _, x, y in labels]
+    taken = [(mx - 5, my - 5, mx + 5, my + 5) for mx, my in marks]
+
+    def free(b) -> bool:
+        inside = (b.x0 >= fbox.x0 + 2 and b.x1 <= fbox.x1 - 2 and b.y0 >= fbox.y0 + 2
+                  and b.y1 <= fbox.y1 - 2)
+        return inside and not any(b.x0 < t[2] and b.x1 > t[0] and b.y0 < t[3] and b.y1 > t[1]
+                                  for t in taken)
+
+    for i in sorted(range(len(labels)), key=lambda k: (marks[k][0], marks[k][1])):
+        name, x, y = labels[i]
+        best = None
+        for ring in _RINGS:
+            for dx, dy in _DIRECTIONS:
+                off = (ring * dx, ring * dy)
+                ann = ax.annotate(name, (x, y), xytext=off, textcoords="offset points",
+                                  fontsize=fontsize, ha="left" if dx >= 0 else "right",
+                                  va="bottom" if dy >= 0 else "top")
+                b = ann.get_window_extent(renderer)
+                if free(b):
+                    best = (ann, b, ring)
+                    break
+                ann.remove()
+            if best is not None:
+                break
+        if best is None:  # nowhere free: the nearest spot, drawn anyway
+            ann = ax.annotate(name, (x, y), xytext=(_RINGS[0], 3), textcoords="offset points",
+                              fontsize=fontsize)
+            best = (ann, ann.get_window_extent(renderer), _RINGS[0])
+        ann, b, ring = best
+        if ring > _RINGS[0]:
+            ax.annotate("", (x, y), xytext=ann.xyann, textcoords="offset points",
+                        arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6,
+                                    "shrinkA": 0, "shrinkB": 3})
+        taken.append((b.x0 - 1, b.y0 - 1, b.x1 + 1, b.y1 + 1))

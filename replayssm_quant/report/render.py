@@ -240,10 +240,8 @@ def _inline_html(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------- content
 def _plugin_line(rec: Recommendation) -> str:
-    from ..recommend import vllm_serve_command
-
-    assert rec.chosen is not None
-    return vllm_serve_command(rec.model, rec.chosen.config)
+    assert rec.serve_command is not None
+    return rec.serve_command
 
 
 def _budget_text(b: Budget, bucket: str | None = None) -> str:
@@ -263,6 +261,11 @@ def _budget_text(b: Budget, bucket: str | None = None) -> str:
                      "point(s) on every task")
     for task, v in b.task_max_accuracy_drop.items():
         parts.append(f"{task}: drop ≤ {v:g} point(s)" if v is not None else f"{task}: unchecked")
+    shares = [f"{what} answers ≤ {100 * v:g}%" for what, v in
+              (("truncated", b.max_truncation_rate), ("invalid", b.max_invalid_rate))
+              if v is not None]
+    if parts and shares and (b.max_accuracy_drop is not None or b.task_max_accuracy_drop):
+        parts.append("task checks decided only with " + " and ".join(shares))
     return "; ".join(parts) or "no limits"
 
 
@@ -284,6 +287,8 @@ def _candidate_table(rec: Recommendation) -> Table:
             verdict = "recommended"
         elif c.qualifies:
             verdict = "qualifies (costs more)"
+        elif c.undecided:
+            verdict = "undecided"
         else:
             verdict = "rejected"
         rows.append([str(i), c.name, str(c.config), _cost_cell(rec, c),
@@ -313,7 +318,8 @@ def recommendation_items(rec: Recommendation) -> list[Block]:
                      "conventional FP32 decoding. Serve it with:")
         items.append(Code(_plugin_line(rec)))
     else:
-        items.append("**No config qualifies.**")
+        items.append("**No config qualifies or is decided.**" if rec.undecided else
+                     "**No config qualifies.**")
         if rec.closest is not None:
             items.append(f"Closest: `{rec.closest.name}` (`{rec.closest.config}`), the config "
                          "whose worst limit is missed by the least: "
@@ -322,6 +328,10 @@ def recommendation_items(rec: Recommendation) -> list[Block]:
     items.append(basis + ".")
     if rec.not_checked:
         items.append("Not checked: " + "; ".join(rec.not_checked) + ".")
+    if rec.undecided:
+        items.append("Undecided (task evidence too thin to pass or fail; never recommended):")
+        items.append(Bullets([f"`{c.name}` (`{c.config}`): " + "; ".join(c.reasons())
+                              for c in rec.undecided]))
     cheaper = rec.rejected_cheaper if rec.chosen is not None else []
     if cheaper:
         items.append("Cheaper configs, and why they were rejected:")
@@ -434,7 +444,7 @@ def _task_section(m: ModelResults, budget: Budget) -> Section:
     s = Section("Task accuracy")
     s.add(
         f"Paired against `{m.label(t.reference)}` on the same items and seeds: accuracy with a "
-        "95% Wilson interval, the paired change with a bootstrap 95% CI, McNemar's exact p, "
+        "95% Wilson interval, the paired change with Tango's score 95% interval, McNemar's p, "
         "and the rates of answers that flipped, were cut off at the generation limit "
         "(truncated) or could not be parsed (invalid).")
     s.add(Figure("task_accuracy", "Task accuracy",

@@ -11,6 +11,7 @@ from .budget import DEFAULT_BUDGET, Budget
 from .criteria import Check, Criteria, Outcome, evaluate, judge
 from .drift import load_drift
 from .errors import InputError, PolicyError, ResultsError
+from .evidence import Evidence
 from .folders import load_results
 from .model import (
     DRIFT_REQUIRED_STATS,
@@ -28,6 +29,7 @@ from .model import (
 )
 from .policy import load_policy, parse_policy
 from .tasks import load_tasks
+from .verify import verify_files
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -42,6 +44,7 @@ __all__ = [
     "DriftConfig",
     "DriftResults",
     "DriftStats",
+    "Evidence",
     "InputError",
     "Issue",
     "ModelResults",
@@ -60,4 +63,5 @@ __all__ = [
     "load_results",
     "load_tasks",
     "parse_policy",
+    "verify_files",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from .criteria import Check, Criteria
 from .errors import InputError
+from .evidence import Evidence
 
 __all__ = ["DEFAULT_BUDGET", "DROP_LABEL", "Budget"]
 
@@ -40,6 +41,9 @@ class Budget:
     require_drift / require_tasks: reject every config when that evidence is absent (task
         evaluations need a GPU and hours, so by default a drift-only recommendation is made
         and says that tasks were not checked).
+    max_truncation_rate / max_invalid_rate: the largest share (a fraction) of truncated /
+        invalid answers, in a config's and the reference's task rows, for a task check to be
+        decided; beyond it the check is undecided, never a pass (:mod:`.evidence`).
     """
 
     max_kl: float | None = 0.01
@@ -51,13 +55,20 @@ class Budget:
     task_max_accuracy_drop: Mapping[str, float | None] = field(default_factory=dict)
     require_drift: bool = True
     require_tasks: bool = False
+    max_truncation_rate: float | None = 0.10
+    max_invalid_rate: float | None = 0.10
 
     def __post_init__(self) -> None:
-        for name in ("max_kl", "min_same_top1", "max_ppl_ratio", "max_accuracy_drop"):
+        for name in ("max_kl", "min_same_top1", "max_ppl_ratio", "max_accuracy_drop",
+                     "max_truncation_rate", "max_invalid_rate"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                                   or not math.isfinite(v)):
                 raise InputError(f"budget {name} must be a finite number or null, got {v!r}")
+        for name in ("max_truncation_rate", "max_invalid_rate"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v <= 1:
+                raise InputError(f"budget {name} is a fraction in [0, 1] (0.1 = 10%), got {v}")
         if self.max_kl is not None and self.max_kl < 0:
             raise InputError(f"budget max_kl must be >= 0, got {self.max_kl}")
         if self.min_same_top1 is not None and not 0 <= self.min_same_top1 <= 1:
@@ -101,7 +112,8 @@ class Budget:
                                     tasks=(task,), max=limit, label=DROP_LABEL,
                                     miss="points"))
         return Criteria(tuple(checks), require_drift=self.require_drift,
-                        require_tasks=("*",) if self.require_tasks else ())
+                        require_tasks=("*",) if self.require_tasks else (),
+                        evidence=Evidence(self.max_truncation_rate, self.max_invalid_rate))
 
     def to_dict(self) -> dict:
         d = asdict(self)

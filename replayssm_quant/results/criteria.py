@@ -1,11 +1,13 @@
 """The one check language over results: a :class:`Check` selects a metric (drift statistic in
 a position bucket, or task metric on a task) for some configs, sets a threshold (absolute, or
 relative to the reference config or a stored baseline) and says how a miss is measured; it is
-evaluated per config into an :class:`Outcome`: pass, fail or error, with the reason.
+evaluated per config into an :class:`Outcome`: pass, fail, undecided (task evidence too thin
+to decide, :mod:`.evidence`) or error, with the reason.
 
 The recommender's budgets and the gate's policies are two YAML spellings of the same thing:
 both compile into :class:`Criteria` (:mod:`.budget`, :mod:`.policy`), so a limit means the same
-in both and a missing or NaN value fails closed in both (an ``error`` outcome, never a pass).
+in both and a missing or NaN value fails closed in both (an ``error`` outcome, never a pass),
+as thin task evidence does (``undecided``, never a pass).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..precision import PrecisionConfig
+from .evidence import Evidence, decide
 from .model import DRIFT_REQUIRED_STATS, TASK_REQUIRED_FIELDS, ModelResults, ResultSet, config_key
 
 __all__ = [
@@ -110,6 +113,7 @@ class Criteria:
     require_drift: bool = False
     require_configs: tuple[str, ...] = ()
     require_tasks: tuple[str, ...] = ()
+    evidence: Evidence = Evidence()
     version: int = 1
     path: Path | None = None
 
@@ -121,8 +125,9 @@ class Criteria:
 # ---------------------------------------------------------------------------------------- outcome
 @dataclass(frozen=True)
 class Outcome:
-    """One check on one value. ``status``: pass, fail (threshold not met) or error (``kind``:
-    missing, nan, partial, mismatched; the value cannot be judged). ``limit``/``op`` is the
+    """One check on one value. ``status``: pass, fail (threshold not met), undecided (``kind``
+    undecided: task evidence too thin to tell pass from fail, :mod:`.evidence`) or error
+    (``kind``: missing, nan, partial, mismatched; the value cannot be judged). ``limit``/``op`` is the
     binding bound; ``excess`` how far the value is beyond its allowance (0 at the limit,
     negative inside, infinite when there is no usable value); ``note`` the reason when there is
     no comparison, else a remark."""
@@ -145,10 +150,17 @@ class Outcome:
     def ok(self) -> bool:
         return self.status == "pass"
 
+    @property
+    def undecided(self) -> bool:
+        return self.status == "undecided"
+
     def describe(self) -> str:
         """E.g. ``kl_mean in [256,511) = 0.034 > 0.01 (3.4x the allowance)``."""
         if self.value is None or self.limit is None or not math.isfinite(self.value):
             return f"{self.metric} in {self.scope}: {self.note or 'no value'}"
+        if self.undecided:
+            return (f"{self.metric} in {self.scope} = {_g(self.value)} (limit {self.op} "
+                    f"{_g(self.limit)}): undecided: {self.note}")
         bad = {"<=": ">", ">=": "<"}[self.op]
         rel = self.op if self.ok else bad
         text = f"{self.metric} in {self.scope} = {_g(self.value)} {rel} {_g(self.limit)}"
@@ -161,7 +173,8 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return {"metric": self.metric, "scope": self.scope, "value": self.value,
-                "limit": self.limit, "op": self.op, "ok": self.ok, "excess": self.excess,
+                "limit": self.limit, "op": self.op, "ok": self.ok, "status": self.status,
+                "excess": self.excess,
                 "note": self.note, "text": self.describe()}
 
 
@@ -323,5 +336,9 @@ def evaluate(m: ModelResults, check: Check, criteria: Criteria,
                     out.append(failed(check.shown, scope, f"{what} {check.metric} is {ref}",
                                       "nan", config))
                     continue
-            out.append(judge(check, value, ref, scope=scope, config=config))
+            outcome = judge(check, value, ref, scope=scope, config=config)
+            if check.source == "tasks" and m.tasks is not None:
+                outcome = decide(outcome, m.tasks, check.metric, config, scope,
+                                 criteria.evidence, absolute=check.relative_to is None)
+            out.append(outcome)
     return out

@@ -1,5 +1,6 @@
 """Find and validate every ``summary.json`` under some paths and group them by model: the one
-entry point the recommender, the reports and the gate read results through."""
+entry point the recommender, the reports and the gate read results through. The data files a
+summary records are verified against their sizes, checksums and row counts (:mod:`.verify`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from .errors import ResultsError
 from .model import Issue, ModelResults, ResultSet, TaskResults
 from .reading import read_json
 from .tasks import load_tasks
+from .verify import verify_files
 
 __all__ = ["load_results"]
 
@@ -46,6 +48,7 @@ def load_results(paths: Iterable[str | Path]) -> ResultSet:
     problems: list[str] = []
     kinds: list[str] = []
     out = ResultSet()
+    unrecorded: list[str] = []
     for raw_path in paths:
         p = Path(raw_path).expanduser()
         if not p.exists():
@@ -70,6 +73,8 @@ def load_results(paths: Iterable[str | Path]) -> ResultSet:
                 if kind is None:
                     raise ResultsError(f"{f}: neither a drift summary ('configs' and 'buckets') "
                                        "nor a task summary ('results')")
+                if not verify_files(f.parent, obj, kind):
+                    unrecorded.append(str(f.parent))
                 if kind == "drift":
                     d = load_drift(f, obj)
                     m = out.models.setdefault(d.model, ModelResults(d.model))
@@ -92,6 +97,10 @@ def load_results(paths: Iterable[str | Path]) -> ResultSet:
         raise ResultsError(problems, kinds)
     if not out.models:
         raise ResultsError("no results given", "missing")
+    if unrecorded:
+        out.warnings.append(
+            f"{', '.join(unrecorded)}: summary.json records no sizes or checksums of its data "
+            "files (written by an older version), so they are not verified")
     for m in out.models.values():
         m.cross_issues = _cross_check(m)
     return out

@@ -24,7 +24,8 @@ Drift ``summary.json`` (written by :mod:`replayssm_quant.evals.drift`)::
                                     "memory_tokens": [...], ...}],
                         "heads": int, "fraction_of_heads": {">=0.99": f, ...},
                         "max_mean_decay": f},
-     "documents": [...], "device": str, "dtype": str, "versions": {...}}
+     "documents": [...], "device": str, "dtype": str, "versions": {...},
+     "files": {"drift.parquet": {"rows", "bytes", "sha256"}, "drift_pooled.parquet": {...}}}
 
     STATS: n, kl_mean, kl_ci_lo, kl_ci_hi, kl_median, kl_p90, kl_p99, kl_max, same_top1,
            ppl_ratio (required keys) and kl_se, kl_p95, kl_p99_9, same_top1_lo, same_top1_hi,
@@ -43,12 +44,20 @@ Task ``summary.json`` (written by ``replayssm-quant eval``)::
                                           # is set: then only equal counts across configs)
      "results": [{"model": str (optional), "task": str, "name": label, "config": str,
                   "n": int, "accuracy": f, "accuracy_lo": f, "accuracy_hi": f,
-                  "delta": f, "delta_lo": f, "delta_hi": f,     # paired bootstrap vs reference
+                  "delta": f, "delta_lo": f, "delta_hi": f,     # paired difference vs reference
+                  "delta_ci_method": str,   # how delta_lo/delta_hi were computed, e.g.
+                                            # "tango-score"; rows without it are undecided
                   "mcnemar_p": f, "flip_rate": f, "truncation_rate": f,
-                  "invalid_rate": f}, ...]}
+                  "invalid_rate": f}, ...],
+     "files": {"items.parquet": {"rows": int, "bytes": int, "sha256": str}, ...}}
+
+Both kinds record, under ``"files"``, every data file the writer put next to the summary
+(path relative to the folder: row count, size, sha256); the loaders verify them
+(:mod:`.verify`). Folders written before the record existed load with one warning.
 
 Other keys are allowed (the writers add provenance); extra fields of a STATS block or a task
-row must be numbers or null. A summary may say what it is with ``"kind": "drift"`` or
+row must be numbers or null (``delta_ci_method`` is a string). A summary may say what it is
+with ``"kind": "drift"`` or
 ``"kind": "tasks"``; without it the kind is read from the keys.
 
 Problems with the content rather than the form (a NaN metric, a config with fewer positions
@@ -252,6 +261,7 @@ class TaskRow:
     truncation_rate: float
     invalid_rate: float
     values: Mapping[str, float] = field(default_factory=dict, repr=False)
+    delta_ci_method: str | None = None
 
     @property
     def drop_hi_points(self) -> float:
@@ -351,6 +361,8 @@ class ResultSet:
 
     models: dict[str, ModelResults] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """At most one line: folders whose data files could not be verified."""
 
     def model(self, name: str | None = None) -> ModelResults:
         """One model's results: ``name``, or the only model; :class:`ResultsError` otherwise."""

@@ -14,14 +14,16 @@ from typing import Any
 
 from .criteria import BOUND_KEYS, DRIFT_METRICS, RELATIVE_KEYS, TASK_METRICS, Check, Criteria
 from .errors import PolicyError
+from .evidence import Evidence
 from .model import config_key
 
 __all__ = ["load_policy", "parse_policy"]
 
 _CHECK_KEYS = {"name", "source", "metric", "configs", "bucket", "tasks", "relative_to",
                *BOUND_KEYS}
-_POLICY_KEYS = {"version", "models", "reference", "require", "checks"}
+_POLICY_KEYS = {"version", "models", "reference", "require", "evidence", "checks"}
 _REQUIRE_KEYS = {"drift", "configs", "tasks"}
+_EVIDENCE_KEYS = {"max_truncation_rate", "max_invalid_rate", "allow_undecided"}
 
 
 def _names(value: Any, what: str, problems: list[str]) -> tuple[str, ...] | None:
@@ -78,6 +80,7 @@ def parse_policy(data: Any, path: Path | None = None) -> Criteria:
     for label in req_configs:
         if label != "*" and config_key(label) == label and "=" not in label:
             problems.append(f"require.configs: {label!r} is neither a preset nor a config string")
+    evidence = _evidence(data.get("evidence"), problems)
     checks_raw = data.get("checks") or []
     if not isinstance(checks_raw, list):
         problems.append("checks must be a list")
@@ -147,7 +150,34 @@ def parse_policy(data: Any, path: Path | None = None) -> Criteria:
         raise PolicyError("\n".join(where + p for p in problems))
     return Criteria(version=1, models=models, reference=reference, require_drift=req_drift,
                   require_configs=req_configs, require_tasks=req_tasks, checks=tuple(checks),
-                  path=path)
+                  evidence=evidence, path=path)
+
+
+def _evidence(raw: Any, problems: list[str]) -> Evidence:
+    """The ``evidence:`` block: when task evidence can decide a check (:mod:`.evidence`)."""
+    if raw is None:
+        return Evidence()
+    if not isinstance(raw, Mapping):
+        problems.append("evidence must be a mapping")
+        return Evidence()
+    for k in sorted(set(raw) - _EVIDENCE_KEYS):
+        problems.append(f"evidence: unknown key {k!r} (keys: {', '.join(sorted(_EVIDENCE_KEYS))})")
+    default = Evidence()
+    rates = {}
+    for k in ("max_truncation_rate", "max_invalid_rate"):
+        if k in raw and raw[k] is None:
+            rates[k] = None
+            continue
+        v = _number(raw.get(k, getattr(default, k)), f"evidence.{k}", problems)
+        if v is not None and not 0 <= v <= 1:
+            problems.append(f"evidence.{k} is a fraction in [0, 1] (0.1 = 10%), got {v}")
+        rates[k] = v
+    allow = raw.get("allow_undecided", False)
+    if not isinstance(allow, bool):
+        problems.append("evidence.allow_undecided must be true or false")
+        allow = False
+    return Evidence(rates["max_truncation_rate"], rates["max_invalid_rate"],
+                    allow_undecided=allow)
 
 
 def load_policy(path: str | Path) -> Criteria:

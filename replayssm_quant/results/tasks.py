@@ -83,8 +83,12 @@ def _task_rows(obj: dict, file: Path) -> dict[str, TaskResults]:
         seen.add((model, task, canon))
         values: dict[str, float] = {}
         bad = False
+        method = r.get("delta_ci_method")
+        if method is not None and not isinstance(method, str):
+            problems.append(f"{rw}: 'delta_ci_method' must be a string or null, got {method!r}")
+            bad = True
         for k, v in r.items():
-            if k in ("model", "task", "name", "config"):
+            if k in ("model", "task", "name", "config", "delta_ci_method"):
                 continue
             try:
                 values[k] = num(v)
@@ -98,7 +102,8 @@ def _task_rows(obj: dict, file: Path) -> dict[str, TaskResults]:
             problems.append(f"{rw}: 'n' must be a non-negative integer")
             continue
         row = TaskRow(task=task, name=name, config=canon, n=int(n),
-                      **{k: values[k] for k in TASK_REQUIRED_FIELDS[3:]}, values=values)
+                      **{k: values[k] for k in TASK_REQUIRED_FIELDS[3:]}, values=values,
+                      delta_ci_method=method)
         by_model.setdefault(model, []).append(row)
         iss = issues.setdefault(model, [])
         nan = [k for k in _TASK_CORE if not math.isfinite(values[k])]
