@@ -43,6 +43,7 @@ from ..models.registry import architecture, model_shape
 from ..precision import PRESETS, PrecisionConfig, parse_config
 from .data import PG19_REPO, PG19_SPLIT, Document, load_documents
 from .decay import DecayRecorder
+from .records import file_records
 from .stats import drift_stats, log_buckets
 
 __all__ = [
@@ -705,6 +706,7 @@ def _write_outputs(result: DriftResult, buckets) -> dict[str, Path]:
     _atomic_write(files["per_document"],
                   lambda p: result.per_document.to_parquet(p, index=False))
     _atomic_write(files["pooled"], lambda p: result.pooled.to_parquet(p, index=False))
+    result.summary["files"] = file_records(out, ("drift.parquet", "drift_pooled.parquet"))
     _write_json(files["summary"], result.summary)
     md = _markdown(result)
     _atomic_write(files["markdown"], lambda p: p.write_text(md))
