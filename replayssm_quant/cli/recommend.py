@@ -21,14 +21,17 @@ def budget_from_options(budget_file: Path | None, *, max_kl: float | None = None
                         min_same_top1: float | None = None,
                         max_accuracy_drop: float | None = None,
                         max_ppl_ratio: float | None = None,
-                        require_tasks: bool | None = None):
+                        require_tasks: bool | None = None,
+                        max_truncation_rate: float | None = None,
+                        max_invalid_rate: float | None = None):
     """The defaults, then the budget file, then the flags that were given."""
     from ..results import Budget
 
     b = Budget.from_yaml(budget_file) if budget_file is not None else Budget()
     flags = {"max_kl": max_kl, "kl_stat": kl_stat, "bucket": bucket,
              "min_same_top1": min_same_top1, "max_accuracy_drop": max_accuracy_drop,
-             "max_ppl_ratio": max_ppl_ratio, "require_tasks": require_tasks}
+             "max_ppl_ratio": max_ppl_ratio, "require_tasks": require_tasks,
+             "max_truncation_rate": max_truncation_rate, "max_invalid_rate": max_invalid_rate}
     return Budget.from_mapping({k: v for k, v in flags.items() if v is not None}, b)
 
 
@@ -80,6 +83,14 @@ def register(app: typer.Typer) -> None:
         max_acc_drop: Annotated[float | None, typer.Option(
             help="Upper limit, in points, of the upper 95% bound of each task's paired "
                  "accuracy drop [default 1.0].")] = None,
+        max_truncated: Annotated[float | None, typer.Option(
+            "--max-truncated",
+            help="Largest share of truncated answers (a fraction) for a task check to be "
+                 "decided; beyond it the config is undecided (default 0.1).")] = None,
+        max_invalid: Annotated[float | None, typer.Option(
+            "--max-invalid",
+            help="Largest share of invalid answers (a fraction) for a task check to be "
+                 "decided (default 0.1).")] = None,
         require_tasks: Annotated[bool | None, typer.Option(
             "--require-tasks/--no-require-tasks",
             help="Reject every config when there are no task results.")] = None,
@@ -90,8 +101,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Pick the cheapest precision config whose drift and task accuracy stay inside the
         budget, say why each cheaper one was rejected, and write recommendation.json and
-        recommendation.md. Exit 0 with a pick, 3 when no config qualifies (the closest one is
-        named), 2 on bad input."""
+        recommendation.md. A config whose task evidence is too thin (wide paired interval, many
+        truncated or invalid answers) is undecided and never picked. Exit 0 with a pick, 3 when
+        no config qualifies or is decided (the closest one is named), 2 on bad input."""
         from ..recommend import recommend
         from ..report import recommendation_markdown
         from ..results import InputError, ResultsError
@@ -99,12 +111,16 @@ def register(app: typer.Typer) -> None:
         try:
             b = budget_from_options(budget, max_kl=max_kl, kl_stat=kl_stat, bucket=bucket,
                                     min_same_top1=min_same_top1,
-                                    max_accuracy_drop=max_acc_drop, require_tasks=require_tasks)
+                                    max_accuracy_drop=max_acc_drop, require_tasks=require_tasks,
+                                    max_truncation_rate=max_truncated,
+                                    max_invalid_rate=max_invalid)
             rs, bm = load_inputs(results, bench)
             rec = recommend(rs.model(model), b, shape=shape, bench=bm, batch=batch,
                             cost_basis=cost)
         except (InputError, ResultsError) as e:
             raise bad_input(str(e)) from None
+        for line in rs.warnings:
+            typer.echo(f"warning: {line}", err=True)
         files = rec.write(out, recommendation_markdown(rec))
         if as_json:
             typer.echo(json.dumps(rec.to_dict(), indent=2))
@@ -125,21 +141,23 @@ def _print(console: Console, rec) -> None:
                 else fmt_bytes(c.cost.state_bytes if rec.cost_basis == "memory"
                                else c.cost.bytes_per_step))
         verdict = ("[green]recommended" if c is rec.chosen else
-                   "qualifies" if c.qualifies else "[red]rejected")
+                   "qualifies" if c.qualifies else "[yellow]undecided" if c.undecided
+                   else "[red]rejected")
         t.add_row(escape(c.name), cost, f"{c.cost.traffic_vs_fp32:.3f}", verdict,
                   escape("; ".join(c.reasons())) if not c.qualifies else "")
     console.print(t)
     if rec.chosen is not None:
-        from ..recommend import vllm_serve_command
-
         console.print(f"recommended: [bold]{escape(rec.chosen.name)}[/bold] "
                       f"({rec.chosen.config})")
-        console.print(vllm_serve_command(rec.model, rec.chosen.config), markup=False,
-                      soft_wrap=True)
+        console.print(rec.serve_command, markup=False, soft_wrap=True)
     else:
         c = rec.closest
-        console.print("[red]no config qualifies[/red]" +
+        console.print(("[red]no config qualifies or is decided[/red]" if rec.undecided else
+                       "[red]no config qualifies[/red]") +
                       escape(f"; closest: {c.name} ({c.config}): {'; '.join(c.reasons())}"
                              if c else ""), soft_wrap=True)
+    for c in rec.undecided:
+        console.print(f"[yellow]undecided:[/yellow] {escape(c.name)}: "
+                      f"{escape('; '.join(c.reasons()))}", soft_wrap=True)
     for note in rec.not_checked:
         console.print(f"[yellow]not checked:[/yellow] {escape(note)}")

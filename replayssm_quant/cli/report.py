@@ -51,6 +51,8 @@ def register(app: typer.Typer) -> None:
         except (InputError, ResultsError) as e:
             raise bad_input(str(e)) from None
         console = Console(stderr=True)
+        for line in rs.warnings:
+            typer.echo(f"warning: {line}", err=True)
         for m in selected:
             folder = out if len(selected) == 1 else out / slug(m.model)
             rep = build_report(m, b, bench=bm, batch=batch, shape=shape, cost_basis=cost)
