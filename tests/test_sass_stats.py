@@ -173,8 +173,7 @@ def test_compiles_with_the_launch_specialization():
     ("gdn-nonflush", "nvfp4-read/fp32"), ("gdn-flush", "nvfp4-read/fp16-sr"),
     ("gdn-conv", "fp16-sr"), ("mamba2-conv", "fp32"), ("gdn-verify-prep", "replay-fp32"),
     ("mamba2-verify-prep", "nvfp4-read/fp16-sr"), ("emulate-gdn-prep", "replay-fp32"),
-    ("gdn-prep", "nvfp4-read/fp16-sr"), ("mamba2-prep", "nvfp4-read/fp16-sr"),
-    ("read-bandwidth-step", "fp32")])
+    ("gdn-prep", "nvfp4-read/fp16-sr"), ("mamba2-prep", "nvfp4-read/fp16-sr")])
 def test_every_target_names_every_kernel_argument(name, preset):
     """A target's signature + constexprs cover every argument of its kernel that has no
     default, and every constexpr (compiling from source needs them even when defaulted): a

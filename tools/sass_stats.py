@@ -12,8 +12,6 @@ instructions, barriers and instructions, for the whole kernel and for its main l
     python tools/sass_stats.py gdn-nonflush --preset nvfp4-read/fp16-sr --block 64 --warps 1
     python tools/sass_stats.py gdn-flush --preset replay-fp32 --block 32 --warps 4 --fold records
     python tools/sass_stats.py gdn-conv --preset fp32 --block 32 --warps 8
-    python tools/sass_stats.py read-bandwidth-step --preset fp32 --block 32 --warps 1 \
-        --const RING=0     # benchmarks/read_bandwidth.py's GDN step mock (--preset unused)
     python tools/sass_stats.py mamba2-flush --preset nvfp4-read/fp16-sr --block 16 --warps 2 \
         --fold records --maxnreg 168 --budget   # instructions per element vs 85% of copy
 
@@ -146,16 +144,6 @@ def target(name: str, preset: str, block: int, T: int = 8, chunk: int = 32,
     precision = precision or "bf16x3"
     ck, rd, sr = _fmt(cfg.ckpt), _fmt(cfg.read), cfg.uses_sr
     act = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "seq_ptr": "*i64"}
-    if name == "read-bandwidth-step":  # benchmarks/read_bandwidth.py's step mock, GDN layout
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-        import read_bandwidth as rb
-
-        heads, rows, _ = rb.STEP_LAYOUTS["gdn"]
-        sig = _sig("S_ptr c_ptr y_ptr c2_ptr y2_ptr slots_ptr cur_ptr xr_ptr w_ptr",
-                   {"slots_ptr": "*i32", "cur_ptr": "*i32"}, "*fp32")
-        consts = dict(H=heads, P=rows, GROUP_ROWS=HV // HK * V, BR=block, N=K, CAP=16, L=16,
-                      CHAIN=True, RING=1, TWO=True, ORDER=0)
-        return rb._rowdot_step, sig, consts
     if name == "emulate-gdn-conv":
         if cfg.L != 1:
             raise SystemExit(f"{preset} is windowed (L={cfg.L}); emulate-gdn-conv needs L = 1")
@@ -573,8 +561,7 @@ def main() -> None:
                                        "gdn-verify-prep", "mamba2-verify-prep", "mamba2-verify",
                                        "mamba2-flush", "mamba2-nonflush",
                                        "gdn-nonflush", "gdn-flush", "gdn-conv", "mamba2-conv",
-                                       "gdn-prep", "mamba2-prep",
-                                       "read-bandwidth-step"])
+                                       "gdn-prep", "mamba2-prep"])
     ap.add_argument("--preset", required=True, choices=list(PRESETS))
     ap.add_argument("--block", type=int, required=True,
                     help="state rows per program (value rows for GDN, head-dim rows for Mamba-2; "
