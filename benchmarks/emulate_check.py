@@ -38,7 +38,8 @@ if SMOKE:
 
 import torch  # noqa: E402
 
-from replayssm_quant.kernels.emulate import gdn_emulate, mamba2_emulate  # noqa: E402
+from replayssm_quant.kernels.gdn import gdn_emulate  # noqa: E402
+from replayssm_quant.kernels.mamba2 import mamba2_emulate  # noqa: E402
 from replayssm_quant.precision import PRESETS, parse_config  # noqa: E402
 from replayssm_quant.ssm import gdn, mamba2  # noqa: E402
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs  # noqa: E402
