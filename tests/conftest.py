@@ -1,8 +1,25 @@
 """Test setup: Triton kernels run interpreted on the CPU; the env var must be set before any
-@triton.jit function is defined."""
+@triton.jit function is defined. A run selected with ``-m gpu`` on a machine with CUDA (the GPU
+checks in ``tests/gpu``) runs them compiled instead."""
 
 import os
+import sys
 
+
+def _gpu_run() -> bool:
+    """``pytest -m gpu`` (or ``-m=gpu``): decided from the command line, because the choice must
+    be made before pytest has parsed its options into a config."""
+    argv = sys.argv[1:]
+    marks = [b for a, b in zip(argv, argv[1:], strict=False) if a == "-m"]
+    marks += [a[3:] for a in argv if a.startswith("-m=")]
+    return any(m.strip() == "gpu" for m in marks)
+
+
+if _gpu_run():
+    import torch as _torch
+
+    if _torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "0")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
