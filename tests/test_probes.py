@@ -158,19 +158,38 @@ def test_carry_chain_generator_is_seeded_and_long(tokenizer):
     for d in docs:
         assert len(tokenizer(" " + d["solution"]).input_ids) >= 1000
         assert f"\\boxed{{{d['answer']}}}" in d["solution"]
-        assert int(d["answer"]) == sum(int(x) for x in re.findall(r"\d+", d["problem"])[1:])
+        rows = re.findall(r"f\((\d)\) = (\d)", d["problem"])
+        assert [int(k) for k, _ in rows] == list(range(10))
+        table = [int(v) for _, v in rows]
+        assert table == d["table"] and sorted(table) == list(range(10))
+        x = d["start"]
+        for _ in range(d["terms"]):
+            x = table[x]
+        assert int(d["answer"]) == x
     short = next(make_docs(1, seed=0, difficulty=CarryChainDifficulty(terms=4)))
-    assert short["terms"] == 4 and short["solution"].count(" = ") == 3
+    assert short["terms"] == 4 and short["solution"].count(" = f(x_") == 4
     with pytest.raises(ValueError, match="at least 2"):
         CarryChainDifficulty(terms=1)
+
+
+def test_carry_chain_steps_are_short_lookups(tokenizer):
+    """A step line is a few tokens, one token per digit, and its value is the table's entry."""
+    doc = next(make_docs(1, seed=5))
+    steps = [line for line in doc["solution"].splitlines() if " = f(x_" in line]
+    assert len(steps) == doc["terms"]
+    for line in steps:
+        assert len(tokenizer.encode(line + "\n", add_special_tokens=False)) <= 32
+        arg, value = re.search(r"= f\((\d)\) = (\d)\$$", line).groups()
+        assert doc["table"][int(arg)] == int(value)
 
 
 def test_carry_chain_yaml_scores_with_math_hard(carry_task):
     assert carry_task.config.process_results.__module__ == "lm_eval.tasks.leaderboard.math.utils"
     doc = list(carry_task.test_docs())[0]
     right = carry_task.process_results(doc, [" " + doc["solution"]])
-    wrong = carry_task.process_results(
-        doc, [" " + doc["solution"].replace(doc["answer"], str(int(doc["answer"]) + 1))])
+    other = str((int(doc["answer"]) + 1) % 10)
+    head, tail = doc["solution"].rsplit("So $x_", 1)
+    wrong = carry_task.process_results(doc, [" " + head + "So $x_" + tail.replace(doc["answer"], other)])
     assert right["exact_match"] == 1 and wrong["exact_match"] == 0
     assert yaml.safe_load(TASK_YAML.read_text().replace("!function", ""))["task"] == "carry_chain"
 

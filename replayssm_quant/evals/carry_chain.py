@@ -1,16 +1,20 @@
 """``carry_chain``: a long-generation probe in MATH-L5's answer format.
 
-Each problem asks for the sum of a long list of numbers; the worked solution adds them one at a
-time and writes the running total after every step, then boxes the final total and closes with
-MATH's ``Final Answer: The final answer is $X$. I hope it is correct.`` line. The boxed answer
-depends on every step before it, so one corrupted carry anywhere in a 1,000+ token generation
-changes it: the probe measures whether a decode state keeps exact information over a long
-generation, which is where a state precision shows.
+Each problem gives a function ``f`` on the digits 0-9 as a table (a random cyclic permutation,
+so no digit maps to itself and every digit is visited) and a start value ``x_0``, and asks for
+``x_N`` with ``x_k = f(x_{k-1})``. The worked solution writes one short line per step,
+``$x_{12} = f(x_{11}) = f(3) = 8$``, then boxes ``x_N`` and closes with MATH's ``Final Answer:
+The final answer is $X$. I hope it is correct.`` line. Each step is a lookup of the previous
+result in the table given once in the prompt, so the answer depends on state carried step by
+step across the whole 1,000+ token generation: one wrong step anywhere moves the walk to another
+point of the cycle and changes the answer. Every step is a small retrieval a tiny model can
+learn (copy the last value, find its row in the table, copy the entry), unlike multi-digit
+addition through a BPE tokenizer.
 
 The task itself is lm-eval YAML (``lm_tasks/carry_chain.yaml``): MATH's prompt
 (``Problem:\\n...\\n\\nSolution:``) and MATH-hard's own ``process_results`` (math-verify
 equivalence on the boxed answer), reading the jsonl this module writes
-(``problem``, ``solution``, ``answer``, ``terms``, ``digits``).
+(``problem``, ``solution``, ``answer``, ``terms``, ``table``, ``start``).
 """
 
 from __future__ import annotations
@@ -43,43 +47,52 @@ LOCAL_NAME = "carry_chain_local"
 
 @dataclass(frozen=True)
 class CarryChainDifficulty:
-    """How hard a problem is: ``terms`` numbers of ``min_digits``..``max_digits`` digits.
+    """How hard a problem is: ``terms`` steps of the walk (solution lines).
 
-    The defaults give worked solutions of ~1,100-1,300 tokens with the fixtures' tokenizer
-    (digits are about one token each); every extra term adds ~25 tokens and one more carry
-    the answer depends on.
+    With the fixtures' tokenizer (one token per digit) a step line is ~30 tokens; the default 48
+    steps give worked solutions of ~1,500 tokens. Every extra step adds one more lookup the
+    answer depends on.
     """
 
     terms: int = 48
-    min_digits: int = 3
-    max_digits: int = 5
 
     def __post_init__(self) -> None:
         if self.terms < 2:
-            raise ValueError(f"carry_chain needs at least 2 terms, got {self.terms}")
-        if not 1 <= self.min_digits <= self.max_digits:
-            raise ValueError(f"carry_chain digits must satisfy 1 <= min <= max, got "
-                             f"{self.min_digits}..{self.max_digits}")
+            raise ValueError(f"carry_chain needs at least 2 terms (steps), got {self.terms}")
+
+
+DIGITS = 10
+
+
+def random_cycle(rng: random.Random) -> list[int]:
+    """``f`` as a list (``f[d]``): one cycle through all ten digits, so the walk never sticks."""
+    order = list(range(DIGITS))
+    rng.shuffle(order)
+    table = [0] * DIGITS
+    for i, d in enumerate(order):
+        table[d] = order[(i + 1) % DIGITS]
+    return table
 
 
 def make_doc(rng: random.Random, difficulty: CarryChainDifficulty) -> dict[str, Any]:
     """One problem with its worked solution, drawn from ``rng``."""
-    numbers = []
-    for _ in range(difficulty.terms):
-        digits = rng.randint(difficulty.min_digits, difficulty.max_digits)
-        numbers.append(rng.randint(10 ** (digits - 1), 10**digits - 1))
-    problem = (f"Add the following {len(numbers)} numbers, writing the running total after each "
-               f"addition: ${' + '.join(map(str, numbers))}$. What is the total?")
-    lines = ["We add the numbers one at a time, keeping a running total.",
-             f"Start with ${numbers[0]}$."]
-    total = numbers[0]
-    for x in numbers[1:]:
-        lines.append(f"${total} + {x} = {total + x}$")
-        total += x
-    lines.append(f"The total is $\\boxed{{{total}}}$.")
-    lines.append(f"Final Answer: The final answer is ${total}$. I hope it is correct.")
-    return {"problem": problem, "solution": "\n".join(lines), "answer": str(total),
-            "terms": difficulty.terms, "digits": [difficulty.min_digits, difficulty.max_digits]}
+    table = random_cycle(rng)
+    start = rng.randrange(DIGITS)
+    n = difficulty.terms
+    rows = ", ".join(f"f({d}) = {table[d]}" for d in range(DIGITS))
+    problem = (f"The function $f$ on the digits is given by the table ${rows}$. Let $x_{{0}} = "
+               f"{start}$ and $x_{{k}} = f(x_{{k-1}})$ for $k \\geq 1$. Writing every step, "
+               f"find $x_{{{n}}}$.")
+    lines = ["We apply $f$ one step at a time, reading each value from the table.",
+             f"$x_{{0}} = {start}$"]
+    x = start
+    for k in range(1, n + 1):
+        lines.append(f"$x_{{{k}}} = f(x_{{{k - 1}}}) = f({x}) = {table[x]}$")
+        x = table[x]
+    lines.append(f"So $x_{{{n}}} = \\boxed{{{x}}}$.")
+    lines.append(f"Final Answer: The final answer is ${x}$. I hope it is correct.")
+    return {"problem": problem, "solution": "\n".join(lines), "answer": str(x), "terms": n,
+            "table": table, "start": start}
 
 
 def make_docs(n: int, seed: int = 0,
@@ -129,11 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("-n", type=int, default=100, help="problems")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--terms", type=int, default=CarryChainDifficulty.terms)
-    ap.add_argument("--min-digits", type=int, default=CarryChainDifficulty.min_digits)
-    ap.add_argument("--max-digits", type=int, default=CarryChainDifficulty.max_digits)
+    ap.add_argument("--terms", type=int, default=CarryChainDifficulty.terms,
+                    help="steps of the walk (solution lines)")
     a = ap.parse_args(argv)
-    d = CarryChainDifficulty(a.terms, a.min_digits, a.max_digits)
+    d = CarryChainDifficulty(a.terms)
     print(f"wrote {write_jsonl(a.out, a.n, a.seed, d)}")
 
 
