@@ -33,6 +33,12 @@ def test_recommend_on_real_results(flow):
     r = CliRunner().invoke(app, ["recommend", str(flow / "drift"), str(flow / "eval"),
                                  "--max-kl", "1.0", "--min-same-top1", "0.5",
                                  "--max-acc-drop", "100", "--out", str(flow / "rec")])
+    # the fixtures' answers are all cut off: the task evidence decides nothing
+    assert r.exit_code == 3 and "undecided: shared-nvfp4" in r.output, r.output
+    r = CliRunner().invoke(app, ["recommend", str(flow / "drift"), str(flow / "eval"),
+                                 "--max-kl", "1.0", "--min-same-top1", "0.5",
+                                 "--max-acc-drop", "100", "--max-truncated", "1",
+                                 "--max-invalid", "1", "--out", str(flow / "rec")])
     assert r.exit_code == 0, r.output
     rec = json.loads((flow / "rec" / "recommendation.json").read_text())
     # with a budget every config meets, the cheapest by state bytes wins: shared NVFP4
