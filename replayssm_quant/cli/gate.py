@@ -36,9 +36,12 @@ def register(app: typer.Typer) -> None:
         invalid policy). Writes JUnit XML and a Markdown summary either way, by default to
         gate/ inside the first results folder."""
         from ..gate import default_output, run_gate
+        from .errors import check_out_file
 
         junit = junit or default_output(results, "junit.xml")
         markdown = markdown or default_output(results, "summary.md")
+        check_out_file(junit, "--junit")
+        check_out_file(markdown, "--markdown")
         res = run_gate(results, policy, baseline or None)
         res.write(junit, markdown)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -43,10 +43,10 @@ def load_inputs(paths: list[Path], bench: Path | None):
 
 
 def bad_input(message: str) -> typer.Exit:
-    lines = str(message).splitlines() or ["bad input"]
-    for line in lines:
-        typer.echo(f"error: {line}", err=True)
-    return typer.Exit(2)
+    """One ``error:`` line on stderr (several problems joined with '; '), exit 2."""
+    from .errors import fail
+
+    return fail(message)
 
 
 def register(app: typer.Typer) -> None:
@@ -70,19 +70,19 @@ def register(app: typer.Typer) -> None:
                  "step), time, memory (state held per sequence).")] = "auto",
         budget: Annotated[Path | None, typer.Option(help=BUDGET_HELP)] = None,
         max_kl: Annotated[float | None, typer.Option(
-            help="Upper limit of the KL statistic in the budget's bucket [default 0.01].")
+            help="Upper limit of the KL statistic in the budget's bucket (default 0.01).")
         ] = None,
         kl_stat: Annotated[str | None, typer.Option(
             help="KL statistic the limit applies to: kl_mean, kl_ci_hi, kl_p99, ... "
-                 "[default kl_mean].")] = None,
+                 "(default kl_mean).")] = None,
         bucket: Annotated[str | None, typer.Option(
             help="Position bucket of the drift limits: last, all or a label like "
-                 "'[1024,2047)' [default last].")] = None,
+                 "'[1024,2047)' (default last).")] = None,
         min_same_top1: Annotated[float | None, typer.Option(
-            help="Lower limit of top-1 agreement, a fraction [default 0.99].")] = None,
+            help="Lower limit of top-1 agreement, a fraction (default 0.99).")] = None,
         max_acc_drop: Annotated[float | None, typer.Option(
             help="Upper limit, in points, of the upper 95% bound of each task's paired "
-                 "accuracy drop [default 1.0].")] = None,
+                 "accuracy drop (default 1.0).")] = None,
         max_truncated: Annotated[float | None, typer.Option(
             "--max-truncated",
             help="Largest share of truncated answers (a fraction) for a task check to be "
@@ -107,6 +107,7 @@ def register(app: typer.Typer) -> None:
         from ..recommend import recommend
         from ..report import recommendation_markdown
         from ..results import InputError, ResultsError
+        from .errors import check_out_dir
 
         try:
             b = budget_from_options(budget, max_kl=max_kl, kl_stat=kl_stat, bucket=bucket,
@@ -114,6 +115,7 @@ def register(app: typer.Typer) -> None:
                                     max_accuracy_drop=max_acc_drop, require_tasks=require_tasks,
                                     max_truncation_rate=max_truncated,
                                     max_invalid_rate=max_invalid)
+            check_out_dir(out)
             rs, bm = load_inputs(results, bench)
             rec = recommend(rs.model(model), b, shape=shape, bench=bm, batch=batch,
                             cost_basis=cost)

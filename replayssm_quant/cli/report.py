@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..precision import SHAPES
+from .errors import check_out_dir
 from .recommend import BUDGET_HELP, bad_input, budget_from_options, load_inputs
 
 
@@ -44,6 +45,7 @@ def register(app: typer.Typer) -> None:
         from ..results import InputError, ResultsError
 
         try:
+            check_out_dir(out)
             b = budget_from_options(budget)
             rs, bm = load_inputs(results, bench)
             names = list(model) if model else list(rs.models)
