@@ -15,7 +15,7 @@ from replayssm_quant.kernels import mamba2 as km
 from replayssm_quant.kernels.core import ring
 from replayssm_quant.kernels.gdn import launch as gdn_launch
 from replayssm_quant.kernels.mamba2 import launch as mamba2_launch
-from replayssm_quant.kernels.plan import TARGETS, Target, check_knob_names, resolve_target, step_plan
+from replayssm_quant.kernels.plan import TARGETS, StepKnobs, Target, resolve_target, step_plan
 from replayssm_quant.precision import PRESETS
 
 from .test_kernels_decode import SLOTS, _clone, _run, _small_L
@@ -56,10 +56,11 @@ def _plan(kind, cfg, **knobs):
     cap = cfg.L if cfg.L > 1 else 0
     cpu = Target.of(torch.device("cpu"))
     if kind == "mamba2":
-        return km.mamba2_step_plan(cfg, cap, 4, 16, 32, 2, len(SLOTS), cpu, ring_dtype=torch.float32,
-                                   **{"block_p": 16, **knobs})
-    return kg.gdn_step_plan(cfg, cap, 4, 2, 16, 32, len(SLOTS), cpu, ring_dtype=torch.float32,
-                            block_v=16, **knobs)
+        return km.mamba2_step_plan(cfg, cap, 4, 16, 32, 2, len(SLOTS), cpu,
+                                   StepKnobs.of(kind, **{"block_p": 16, **knobs}),
+                                   ring_dtype=torch.float32)
+    return kg.gdn_step_plan(cfg, cap, 4, 2, 16, 32, len(SLOTS), cpu,
+                            StepKnobs.of(kind, block_v=16, **knobs), ring_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
@@ -277,7 +278,7 @@ def test_misspelt_knob_fails_on_the_reference_path(monkeypatch):
     for kind in ("mamba2", "gdn"):
         with pytest.raises(TypeError, match="unknown launch knob"):
             _run(kind, cfg, steps=1, flush_wraps=2)
-    check_knob_names(kg.gdn_step_plan, {"flush_warps": 2, "block_v": 16})  # real knobs pass
+    StepKnobs.of("gdn", flush_warps=2, block_v=16)  # real knobs pass
     with pytest.raises(ValueError, match="sm_90"):
         step_plan("qwen3.5-4b", "replay-fp32", 8, "a100", pdl=True)
     with pytest.raises(ValueError, match="batch"):
@@ -389,3 +390,26 @@ def test_log_plans_once_per_distinct_step(monkeypatch, caplog):
     for line, p in zip(lines, want, strict=True):
         assert line.startswith(f"{p.kind} step, 4 heads x 16 x 32 (2 ") and line.endswith(p.summary())
         assert f"batch {len(SLOTS)} on " in line and str(cfg) in line
+
+
+def test_step_knobs_checked_once_where_a_step_is_called():
+    """``StepKnobs.of`` gathers a step's keyword knobs: the defaults, each kind's own names,
+    and refusals of an unknown name or a value that needs no layer to check."""
+    from replayssm_quant.kernels.knobs import DEFAULT, GdnKnobs, Mamba2Knobs
+
+    m, g = StepKnobs.of("mamba2"), StepKnobs.of("gdn", block_v=16)
+    assert isinstance(m, Mamba2Knobs) and isinstance(g, GdnKnobs) and g.block_v == 16
+    assert m.maxnreg is DEFAULT and m.early_loads is None and g.early_loads is False
+    assert m.persistent_flush_knobs() == (None,) * 8
+    assert StepKnobs.of("gdn", flush_block_v=8).persistent_flush_knobs()[0] == 8
+    with pytest.raises(TypeError, match="unexpected keyword argument 'whole_head'"):
+        StepKnobs.of("gdn", whole_head=True)
+    with pytest.raises(TypeError, match="unknown launch knob"):
+        StepKnobs.of("mamba2", block_v=16)
+    for kind, knobs, msg in (("mamba2", {"maxnreg": 8}, "maxnreg must be"),
+                             ("gdn", {"flush_maxnreg": True}, "maxnreg must be"),
+                             ("mamba2", {"nvfp4_decode": "lut"}, "nvfp4_decode must be"),
+                             ("gdn", {"nvfp4_decode": "words", "lut": True}, "lut=True"),
+                             ("gdn", {"pdl": "both"}, "pdl must be")):
+        with pytest.raises(ValueError, match=msg):
+            StepKnobs.of(kind, **knobs)

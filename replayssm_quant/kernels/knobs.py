@@ -1,15 +1,28 @@
-"""The launch knobs' allowed values and their checks, shared by the planner and the launchers:
-flush folds and product precisions, programmatic-launch edges, narrow-source decodes, the
-verify's product precision and chunking.
+"""The launch knobs of the decode steps (``StepKnobs``: every knob with its default, built once
+where a step is called), their allowed values and their checks, shared by the planner and the
+launchers: flush folds and product precisions, programmatic-launch edges, narrow-source
+decodes, the verify's product precision and chunking.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
 import torch
 
+from .core.memory import register_cap
 from .core.target import Target
 
-DEFAULT = object()  # a knob left at its default (None is a value: no cap)
+
+class _Default:
+    """The type of ``DEFAULT``: a knob left at its default where None is a value (no cap)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _Default()  # a knob left at its default (None is a value: no cap)
 
 
 FLUSH_FOLDS = ("dot", "records")
@@ -216,3 +229,125 @@ def check_ut_tile(ut: bool, precision: str, rows: int, warps: int) -> None:
             f"flush_precision='tf32x3' with the UT-transform flush on {rows}-row tiles and "
             f"{warps} warps faults on the GPU (Triton 3.6); use flush_warps=4, "
             "flush_block_v=32 or flush_precision='ieee'")
+
+
+@dataclass(frozen=True)
+class StepKnobs:
+    """The launch knobs of a decode step, every one at its default unless given: the keyword
+    arguments of ``mamba2_decode_step`` / ``gdn_decode_step`` and ``plan.step_plan`` as one
+    value, built once where a step is called (``StepKnobs.of``) and read by the planner.
+    None (and ``DEFAULT`` for the register caps, where None means no cap) leaves a choice to
+    the planner; the values that need no layer, batch or GPU to check are checked here, the
+    rest where the plan is made. ``Mamba2Knobs`` / ``GdnKnobs`` add each kind's own names."""
+
+    advance: bool = True
+    num_warps: int | None = None
+    flush_warps: int | None = None
+    flush_per_sm: int | None = None
+    lut: bool = False
+    flush_stages: int | None = None
+    flush_fold: str | None = None
+    flush_precision: str | None = None
+    tile_first: bool | None = None
+    fuse_advance: bool = True
+    fuse_prep: bool | None = None
+    maxnreg: int | None | object = DEFAULT
+    flush_maxnreg: int | None | object = DEFAULT
+    one_launch: bool | None = None
+    pdl: bool | str | None = None
+    prep_groups: int | None = None
+    flush_tma: bool | None = None
+    fp8_decode: str | None = None
+    nvfp4_decode: str | None = None
+    step_flush_rows: int | None = None
+    step_flush_fold: str | None = None
+
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        register_cap(self.step_maxnreg)
+        register_cap(self.given_flush_maxnreg)
+
+    @staticmethod
+    def of(kind: str, **knobs: Any) -> StepKnobs:
+        """The knobs of a ``kind`` ("mamba2" / "gdn") step from keyword arguments; a name
+        the step does not take is refused, as a misspelt knob must not pass silently."""
+        cls = KNOBS_OF_KIND.get(kind)
+        if cls is None:
+            raise ValueError(f"unknown layer kind {kind!r}; expected one of {tuple(KNOBS_OF_KIND)}")
+        names = {f.name for f in fields(cls)}
+        unknown = [name for name in knobs if name not in names]
+        if unknown:
+            raise TypeError(f"{kind}_step_plan() got an unexpected keyword argument '{unknown[0]}' "
+                            f"(unknown launch knob(s) {', '.join(unknown)}; the knobs are the "
+                            f"fields of {cls.__name__})")
+        return cls(**knobs)
+
+    @property
+    def step_maxnreg(self) -> int | None:
+        """The step programs' register cap as given (None: none given, or no cap)."""
+        return None if self.maxnreg is DEFAULT else self.maxnreg
+
+    @property
+    def given_flush_maxnreg(self) -> int | None:
+        """The flush programs' register cap as given (None: none given, or no cap)."""
+        return None if self.flush_maxnreg is DEFAULT else self.flush_maxnreg
+
+    @property
+    def flush_block(self) -> int | None:
+        """Rows per tile of the persistent flush (``flush_block_p`` / ``flush_block_v``)."""
+        raise NotImplementedError
+
+    def persistent_flush_knobs(self) -> tuple:
+        """The knobs that ask for the persistent flush launch; any of them set turns the
+        one-launch default off (``tuning.rules.resolve_one_launch``)."""
+        return (self.flush_block, self.flush_warps, self.flush_per_sm, self.flush_stages,
+                self.flush_fold, self.flush_precision, self.given_flush_maxnreg,
+                self.flush_tma or None)
+
+
+@dataclass(frozen=True)
+class Mamba2Knobs(StepKnobs):
+    """``StepKnobs`` of a Mamba-2 step: tiles of head-dim rows (``block_p``,
+    ``flush_block_p``), whole-head programs (``whole_head``) and early loads (default
+    ``early_loads_default``)."""
+
+    block_p: int | None = None
+    flush_block_p: int | None = None
+    whole_head: bool | None = None
+    early_loads: bool | None = None
+
+    kind: ClassVar[str] = "mamba2"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        nvfp4_decode_of(self.nvfp4_decode)
+        pdl_edges_of(self.pdl)
+
+    @property
+    def flush_block(self) -> int | None:
+        return self.flush_block_p
+
+
+@dataclass(frozen=True)
+class GdnKnobs(StepKnobs):
+    """``StepKnobs`` of a GDN step: tiles of value rows (``block_v``, ``flush_block_v``);
+    early loads off unless asked for."""
+
+    block_v: int | None = None
+    flush_block_v: int | None = None
+    early_loads: bool = False
+
+    kind: ClassVar[str] = "gdn"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        gdn_nvfp4_decode_of(self.nvfp4_decode, self.lut)
+        pdl_edges_of(self.pdl)
+
+    @property
+    def flush_block(self) -> int | None:
+        return self.flush_block_v
+
+
+KNOBS_OF_KIND: dict[str, type[StepKnobs]] = {"mamba2": Mamba2Knobs, "gdn": GdnKnobs}

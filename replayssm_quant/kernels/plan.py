@@ -3,6 +3,7 @@
 Every knob of ``mamba2_decode_step`` / ``gdn_decode_step`` has a default that depends on the
 config, the layer's shape, the batch size and the GPU (tile rows, warps, one launch or three,
 the flush's fold, products, pipelining stages, TMA, programmatic launch). The decode steps
+gather their keyword knobs once (``knobs.StepKnobs.of``: ``Mamba2Knobs`` / ``GdnKnobs``),
 resolve them through ``mamba2_step_plan`` / ``gdn_step_plan`` and launch exactly what the
 returned ``StepPlan`` says, so the plan printed for a config (``step_plan``, the
 ``replayssm-quant plan`` command) is the plan the GPU runs. A plan also validates the knobs
@@ -15,7 +16,6 @@ layers run at each batch size it captures.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
@@ -25,10 +25,13 @@ from typing import Any
 import torch
 import triton
 
-from .core.memory import register_cap, resolve_flush_tma, step_grid
+from .core.memory import resolve_flush_tma, step_grid
 from .core.target import TARGETS, Target, resolve_target
 from .knobs import (
     DEFAULT,
+    GdnKnobs,
+    Mamba2Knobs,
+    StepKnobs,
     check_prep_groups,
     check_step_flush,
     check_ut_tile,
@@ -75,8 +78,12 @@ from .tuning.rules import (
 
 LOG_PLANS_ENV = "REPLAYSSM_QUANT_LOG_PLANS"
 
-__all__ = ["TARGETS", "FlushPlan", "StepPlan", "Target", "check_knob_names", "gdn_step_plan", "log_plans",
-           "mamba2_step_plan", "note_plan", "resolve_target", "step_plan"]
+MAMBA2_DEFAULTS = Mamba2Knobs()
+GDN_DEFAULTS = GdnKnobs()
+
+__all__ = ["TARGETS", "FlushPlan", "GdnKnobs", "Mamba2Knobs", "StepKnobs", "StepPlan", "Target",
+           "gdn_step_plan", "log_plans", "mamba2_step_plan", "note_plan", "resolve_target",
+           "step_plan"]
 
 
 logger = logging.getLogger(__name__)
@@ -270,15 +277,6 @@ def note_plan(plan: StepPlan) -> None:
                 plan.target.name, summary)
 
 
-def check_knob_names(plan_fn, knobs: dict[str, Any]) -> None:
-    """Refuse knob names ``plan_fn`` does not take, also where a step runs the reference and
-    never resolves a plan (a misspelt knob must not pass silently on a CPU)."""
-    unknown = sorted(set(knobs) - set(inspect.signature(plan_fn).parameters))
-    if unknown:
-        raise TypeError(f"unknown launch knob(s) {', '.join(unknown)} "
-                        f"(the keyword arguments of {plan_fn.__name__})")
-
-
 def _prod(grid: tuple[int, ...]) -> int:
     n = 1
     for g in grid:
@@ -288,13 +286,13 @@ def _prod(grid: tuple[int, ...]) -> int:
 
 def step_plan(shape, cfg, batch: int, target: Target | str | torch.device = "h200", *,
               act_dtype: torch.dtype = torch.bfloat16, spec_tokens: int = 0,
-              **knobs: Any) -> StepPlan:
+              ckpt_data: torch.Tensor | None = None, **knobs: Any) -> StepPlan:
     """The plan of one decode step of layer ``shape`` (a ``precision.ModelShape`` or its
     name) under ``cfg`` (a ``PrecisionConfig`` or config string / preset) at ``batch`` rows
     on ``target`` (a ``Target``, its name for ``resolve_target`` or a torch device), with the
-    decode step's
-    keyword knobs (``block_p`` / ``block_v``, ``flush_warps``, ``one_launch``, ...); ring
-    activations in ``act_dtype`` as vLLM stores them."""
+    decode step's keyword knobs (``block_p`` / ``block_v``, ``flush_warps``, ``one_launch``,
+    ...: the fields of ``knobs.Mamba2Knobs`` / ``knobs.GdnKnobs``); ring activations in
+    ``act_dtype`` as vLLM stores them; ``ckpt_data`` as the planners take it."""
     from ..precision import parse_config, resolve_shape
 
     if isinstance(shape, str):
@@ -305,80 +303,70 @@ def step_plan(shape, cfg, batch: int, target: Target | str | torch.device = "h20
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     capacity = cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+    step_knobs = StepKnobs.of(shape.kind, **knobs)
     if shape.kind == "mamba2":
         return mamba2_step_plan(cfg, capacity, shape.heads, shape.head_dim, shape.d_state,
-                                shape.groups, batch, target, ring_dtype=act_dtype, **knobs)
+                                shape.groups, batch, target, step_knobs, ring_dtype=act_dtype,
+                                ckpt_data=ckpt_data)
     return gdn_step_plan(cfg, capacity, shape.heads, shape.groups, shape.head_dim, shape.d_state,
-                         batch, target, ring_dtype=act_dtype, **knobs)
+                         batch, target, step_knobs, ring_dtype=act_dtype, ckpt_data=ckpt_data)
 
 
 def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: int,
-                     target: Target | torch.device, *, ring_dtype: torch.dtype = torch.bfloat16,
-                     ckpt_data: torch.Tensor | None = None, block_p: int | None = None,
-                     advance: bool = True, num_warps: int | None = None,
-                     flush_block_p: int | None = None, flush_warps: int | None = None,
-                     flush_per_sm: int | None = None, lut: bool = False,
-                     flush_stages: int | None = None, flush_fold: str | None = None,
-                     flush_precision: str | None = None, tile_first: bool | None = None,
-                     fuse_advance: bool = True, fuse_prep: bool | None = None,
-                     maxnreg: int | None | object = DEFAULT,
-                     flush_maxnreg: int | None | object = DEFAULT,
-                     whole_head: bool | None = None, one_launch: bool | None = None,
-                     nvfp4_decode: str | None = None, pdl: bool | str | None = None,
-                     early_loads: bool | None = None, prep_groups: int | None = None,
-                     flush_tma: bool | None = None, fp8_decode: str | None = None,
-                     step_flush_rows: int | None = None,
-                     step_flush_fold: str | None = None) -> StepPlan:
+                     target: Target | torch.device, knobs: Mamba2Knobs = MAMBA2_DEFAULTS, *,
+                     ring_dtype: torch.dtype = torch.bfloat16,
+                     ckpt_data: torch.Tensor | None = None) -> StepPlan:
     """The launches of ``mamba2_decode_step`` for H heads of P rows x N state columns in G
     groups, ring capacity ``capacity`` (0: conventional), ``batch`` rows on ``target``, with
-    its knobs (same names and defaults); every knob is checked here, before any launch.
-    ``ring_dtype`` (B's) picks the flush's default products, ``ckpt_data`` lets the flush
-    check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
+    its ``knobs``; every knob that needs the layer, batch or GPU is checked here, before any
+    launch. ``ring_dtype`` (B's) picks the flush's default products, ``ckpt_data`` lets the
+    flush check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
+    k = knobs
     target = Target.of(target)
-    check_prep_groups(prep_groups, G, "groups")
-    register_cap(None if maxnreg is DEFAULT else maxnreg)
-    fmaxnreg = None if flush_maxnreg is DEFAULT else flush_maxnreg
-    register_cap(fmaxnreg)
+    check_prep_groups(k.prep_groups, G, "groups")
+    fmaxnreg = k.given_flush_maxnreg
     src = cfg.read or cfg.ckpt
-    mode = nvfp4_decode_of(nvfp4_decode)
-    decode = (("lut" if lut else mode) if src.name == "nvfp4" else
-              fp8_decode_of(fp8_decode, src.name, capacity))
-    flush_knobs = (flush_block_p, flush_warps, flush_per_sm, flush_stages, flush_fold,
-                   flush_precision, fmaxnreg, flush_tma or None)
+    mode = nvfp4_decode_of(k.nvfp4_decode)
+    decode = (("lut" if k.lut else mode) if src.name == "nvfp4" else
+              fp8_decode_of(k.fp8_decode, src.name, capacity))
     kb, kw = mamba2_step_knobs(cfg, P, N)
     split = whole_head_rows(P, N) if capacity else None
+    step_flush_rows, step_flush_fold = k.step_flush_rows, k.step_flush_fold
 
     def step_rows(ol: bool) -> tuple[int, int]:
         """(rows, second row pass) of a step program, one launch or not."""
-        rows = block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
-        wh = whole_head
+        rows = k.block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
+        wh = k.whole_head
         if wh is None:
             passes = flush_passes_default(cfg, P) or step_flush_rows is not None
-            wh = whole_head_default(cfg, ol, passes) and block_p is None and rows == kb
+            wh = whole_head_default(cfg, ol, passes) and k.block_p is None and rows == kb
         return split if wh and split is not None else (rows, 0)
 
     # one launch up to a larger batch where its programs would flush in row passes
     passes = (capacity > 0 and step_flush_rows is None and step_flush_fold is None
               and flush_passes_default(cfg, P)
               and step_flush_default(cfg, *step_rows(True), ring_dtype)[0] is not None)
-    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
-                            step_state=batch * H * P * N, passes=passes)
-    advance = advance and keeps_counters(cfg, capacity)
-    ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
+    ol = resolve_one_launch(k.one_launch, batch, k.persistent_flush_knobs(),
+                            conventional=capacity == 0, step_state=batch * H * P * N,
+                            passes=passes)
+    advance = k.advance and keeps_counters(cfg, capacity)
+    ticket = ol and advance and k.fuse_advance  # each row's last program advances its cursor
+    use_pdl, pdl_edges = resolve_pdl(k.pdl, target), pdl_edges_of(k.pdl)
+    early_loads = k.early_loads
     if early_loads is None:
         early_loads = early_loads_default(cfg, batch, ol)
     BP, BP2 = step_rows(ol)
     tiles = 1 if BP2 else triton.cdiv(P, BP)
+    tile_first = k.tile_first
     if tile_first is None:
         tile_first = (not reads_narrow_copy(cfg) if BP2 else
                       mamba2_tile_first(capacity, P, BP, reads_narrow_copy(cfg)))
     base = dict(kind="mamba2", config=str(cfg), batch=batch, heads=H, dim=P, d_state=N,
                 groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
                 rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
-                grid=step_grid(batch, H, tiles, tile_first), warps=num_warps or kw,
-                maxnreg=None if maxnreg is DEFAULT else maxnreg, decode=decode,
-                early_loads=bool(early_loads), lut=bool(lut))
+                grid=step_grid(batch, H, tiles, tile_first), warps=k.num_warps or kw,
+                maxnreg=k.step_maxnreg, decode=decode, early_loads=bool(early_loads),
+                lut=bool(k.lut))
     if capacity == 0:
         return StepPlan(**{**base, "decode": "", "early_loads": False},
                         separate_advance=advance and not ticket, fused_prep=False,
@@ -388,128 +376,114 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     fr, fr_fold = check_step_flush(step_flush_rows, step_flush_fold, ol, BP, BP2, ring_dtype)
     # a one-launch step forms its ring products unless asked not to (then the products launch
     # runs before it, and the step is two launches)
+    fuse_prep = k.fuse_prep
     fp = ((fuse_prep is None or fuse_prep) if ol else
           (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
     if decode == "mma" and (fp or ol):
         raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of C that the ring-products "
                          "launch writes: it needs a step with that launch (fuse_prep=False and "
                          "one_launch=False, the defaults from batch 5)")
-    if maxnreg is DEFAULT:
+    if k.maxnreg is DEFAULT:
         base["maxnreg"] = mamba2_nonflush_maxnreg_default(decode, BP2, base["warps"], kw, fp,
                                                           batch)
-    pg = None if fp else prep_groups or prep_groups_default(batch, G)
+    pg = None if fp else k.prep_groups or prep_groups_default(batch, G)
     # programmatic launches: the non-flush launch after the ring products, the flush after it
     prep_pdl = use_pdl and "prep" in pdl_edges
     step_pdl = use_pdl and not fp and "prep" in pdl_edges
     flush = None
     if not ol:
         fold, fblock, fwarps = mamba2_flush_knobs(cfg)
-        BPF = min(flush_block_p or fblock, triton.next_power_of_2(P))
-        FW = flush_warps or fwarps
-        records = records_fold(flush_fold or fold)
-        if flush_maxnreg is DEFAULT:
+        BPF = min(k.flush_block_p or fblock, triton.next_power_of_2(P))
+        FW = k.flush_warps or fwarps
+        records = records_fold(k.flush_fold or fold)
+        if k.flush_maxnreg is DEFAULT:
             fmaxnreg = mamba2_flush_maxnreg_default(cfg, BPF, FW) if records else None
-        tma = resolve_flush_tma(flush_tma, cfg, P, BPF, ol, target, ckpt_data)
+        tma = resolve_flush_tma(k.flush_tma, cfg, P, BPF, ol, target, ckpt_data)
         flush = FlushPlan(
             fold="records" if records else "dot", rows=BPF, warps=FW,
-            precision=fold_precision(flush_precision, ring_dtype,
+            precision=fold_precision(k.flush_precision, ring_dtype,
                                      default_fold_precision(cfg, records, BPF, ring_dtype)),
-            stages=flush_stages or flush_stages_for(cfg, tma), tma=tma,
-            tiles=batch * H * triton.cdiv(P, BPF), per_sm=flush_per_sm, maxnreg=fmaxnreg,
-            pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance)
+            stages=k.flush_stages or flush_stages_for(cfg, tma), tma=tma,
+            tiles=batch * H * triton.cdiv(P, BPF), per_sm=k.flush_per_sm, maxnreg=fmaxnreg,
+            pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and k.fuse_advance)
     base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
-    return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
+    return StepPlan(**base, separate_advance=advance and not (ticket if ol else k.fuse_advance),
                     fused_prep=fp, prep_groups=pg, prep_grid=None if fp else (batch, G // pg),
                     prep_pdl=prep_pdl and not fp, step_pdl=step_pdl, flush=flush)
 
 
 def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: int,
-                  target: Target | torch.device, *, ring_dtype: torch.dtype = torch.bfloat16,
-                  ckpt_data: torch.Tensor | None = None, block_v: int | None = None,
-                  advance: bool = True, num_warps: int | None = None,
-                  flush_block_v: int | None = None, flush_warps: int | None = None,
-                  flush_per_sm: int | None = None, lut: bool = False,
-                  flush_stages: int | None = None, flush_fold: str | None = None,
-                  flush_precision: str | None = None, tile_first: bool | None = None,
-                  fuse_advance: bool = True, fuse_prep: bool | None = None,
-                  maxnreg: int | None | object = DEFAULT,
-                  flush_maxnreg: int | None | object = DEFAULT,
-                  one_launch: bool | None = None, pdl: bool | str | None = None,
-                  early_loads: bool = False, prep_groups: int | None = None,
-                  flush_tma: bool | None = None, fp8_decode: str | None = None,
-                  nvfp4_decode: str | None = None, step_flush_rows: int | None = None,
-                  step_flush_fold: str | None = None) -> StepPlan:
+                  target: Target | torch.device, knobs: GdnKnobs = GDN_DEFAULTS, *,
+                  ring_dtype: torch.dtype = torch.bfloat16,
+                  ckpt_data: torch.Tensor | None = None) -> StepPlan:
     """The launches of ``gdn_decode_step`` for HV value heads of V rows x K key columns and
     HK key heads, ring capacity ``capacity`` (0: conventional), ``batch`` rows on
-    ``target``, with its knobs (same names and defaults); every knob is checked here, before
-    any launch. ``ring_dtype`` (the keys') picks the flush's default products, ``ckpt_data``
-    lets the flush check that TMA can address the checkpoint."""
+    ``target``, with its ``knobs``; every knob that needs the layer, batch or GPU is checked
+    here, before any launch. ``ring_dtype`` (the keys') picks the flush's default products,
+    ``ckpt_data`` lets the flush check that TMA can address the checkpoint."""
+    k = knobs
     target = Target.of(target)
-    check_prep_groups(prep_groups, HK, "key heads")
-    register_cap(None if maxnreg is DEFAULT else maxnreg)
-    fmaxnreg = None if flush_maxnreg is DEFAULT else flush_maxnreg
-    register_cap(fmaxnreg)
+    check_prep_groups(k.prep_groups, HK, "key heads")
+    fmaxnreg = k.given_flush_maxnreg
     src = cfg.read or cfg.ckpt
-    nvfp4 = gdn_nvfp4_decode_of(nvfp4_decode, lut)  # checked whatever the source
+    nvfp4 = gdn_nvfp4_decode_of(k.nvfp4_decode, k.lut)  # checked whatever the source
     decode = (nvfp4 if src.name == "nvfp4" else
-              fp8_decode_of(fp8_decode, src.name, capacity, gdn_fp8_decode_default(batch)))
-    flush_knobs = (flush_block_v, flush_warps, flush_per_sm, flush_stages, flush_fold,
-                   flush_precision, fmaxnreg, flush_tma or None)
-    ol = resolve_one_launch(one_launch, batch, flush_knobs, conventional=capacity == 0,
-                            step_state=batch * HV * V * K,
+              fp8_decode_of(k.fp8_decode, src.name, capacity, gdn_fp8_decode_default(batch)))
+    ol = resolve_one_launch(k.one_launch, batch, k.persistent_flush_knobs(),
+                            conventional=capacity == 0, step_state=batch * HV * V * K,
                             light_flush=cfg.read is None and cfg.ckpt.name == "fp32")
-    advance = advance and keeps_counters(cfg, capacity)
-    ticket = ol and advance and fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(pdl, target), pdl_edges_of(pdl)
+    advance = k.advance and keeps_counters(cfg, capacity)
+    ticket = ol and advance and k.fuse_advance  # each row's last program advances its cursor
+    use_pdl, pdl_edges = resolve_pdl(k.pdl, target), pdl_edges_of(k.pdl)
     kb, kw = gdn_step_knobs(cfg, V)
-    BV = block_v or small_grid_rows(cfg, kb, V, HV, batch, ol)
-    tf = gdn_tile_first(capacity, reads_narrow_copy(cfg)) if tile_first is None else tile_first
+    BV = k.block_v or small_grid_rows(cfg, kb, V, HV, batch, ol)
+    tf = (gdn_tile_first(capacity, reads_narrow_copy(cfg)) if k.tile_first is None
+          else k.tile_first)
     tiles = triton.cdiv(V, BV)
     base = dict(kind="gdn", config=str(cfg), batch=batch, heads=HV, dim=V, d_state=K, groups=HK,
                 capacity=capacity, target=target, one_launch=ol, ticket=ticket, rows=BV,
                 rows2=0, tiles=tiles, tile_first=bool(tf), grid=step_grid(batch, HV, tiles, tf),
-                warps=num_warps or kw, maxnreg=None if maxnreg is DEFAULT else maxnreg,
-                lut=bool(lut))
+                warps=k.num_warps or kw, maxnreg=k.step_maxnreg, lut=bool(k.lut))
     if capacity == 0:
         return StepPlan(**base, separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
     # row passes of a one-launch flush: a knob only on GDN (no default measured yet)
-    fr, fr_fold = check_step_flush(step_flush_rows, step_flush_fold, ol, BV, 0, ring_dtype)
+    fr, fr_fold = check_step_flush(k.step_flush_rows, k.step_flush_fold, ol, BV, 0, ring_dtype)
     if fr_fold == "dot" and cfg.recompute_u:
         raise ValueError("step_flush_fold='dot' folds the ring's u records; a read copy's flush "
                          "recomputes them record by record (use 'records')")
     base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
     fold, fblock, fwarps = gdn_flush_knobs(cfg, batch)
-    records = records_fold(flush_fold or fold)
+    records = records_fold(k.flush_fold or fold)
     ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
-    BVF = min(flush_block_v or fblock, triton.next_power_of_2(V))
-    FW = flush_warps or fwarps
-    fprec = fold_precision(flush_precision, ring_dtype,
+    BVF = min(k.flush_block_v or fblock, triton.next_power_of_2(V))
+    FW = k.flush_warps or fwarps
+    fprec = fold_precision(k.flush_precision, ring_dtype,
                            default_fold_precision(cfg, records, BVF, ring_dtype))
     check_ut_tile(ut, fprec, BVF, FW)
     # the UT transform needs its own launch; otherwise small batches fold it away
-    fp = ol or (not ut and (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
+    fp = ol or (not ut and (fused_prep_default(batch) if k.fuse_prep is None else k.fuse_prep))
     if decode == "mma" and capacity and fp:
         raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of k and q that the "
                          "ring-products launch writes: it needs a step with that launch "
                          "(fuse_prep=False and one_launch=False, the defaults from batch 5)")
-    if maxnreg is DEFAULT:
+    if k.maxnreg is DEFAULT:
         base["maxnreg"] = gdn_nonflush_maxnreg_default(decode, BV, base["warps"], kb, kw, fp)
-    pk = None if fp else (1 if ut else prep_groups or gdn_prep_groups_default(cfg, batch, HK))
+    pk = None if fp else (1 if ut else k.prep_groups or gdn_prep_groups_default(cfg, batch, HK))
     flush = None
     if not ol:
-        tma = resolve_flush_tma(flush_tma, cfg, V, BVF, ol, target, ckpt_data)
-        if flush_maxnreg is DEFAULT:
+        tma = resolve_flush_tma(k.flush_tma, cfg, V, BVF, ol, target, ckpt_data)
+        if k.flush_maxnreg is DEFAULT:
             fmaxnreg = gdn_flush_maxnreg_default(cfg, records, BVF, FW, batch)
         flush = FlushPlan(
             fold="records" if records else "dot", rows=BVF, warps=FW, precision=fprec,
-            stages=flush_stages or gdn_flush_stages(fprec, records, cfg, tma), tma=tma,
-            tiles=batch * HV * triton.cdiv(V, BVF), per_sm=flush_per_sm, maxnreg=fmaxnreg,
-            pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and fuse_advance,
+            stages=k.flush_stages or gdn_flush_stages(fprec, records, cfg, tma), tma=tma,
+            tiles=batch * HV * triton.cdiv(V, BVF), per_sm=k.flush_per_sm, maxnreg=fmaxnreg,
+            pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and k.fuse_advance,
             recompute_u=cfg.recompute_u, ut=ut)
-    return StepPlan(**base, separate_advance=advance and not (ticket if ol else fuse_advance),
+    return StepPlan(**base, separate_advance=advance and not (ticket if ol else k.fuse_advance),
                     fused_prep=fp, prep_groups=pk,
                     prep_grid=None if fp else (batch, HK // pk, HV // HK if ut else 1),
                     prep_pdl=use_pdl and "prep" in pdl_edges and not fp,
                     step_pdl=use_pdl and not fp and "prep" in pdl_edges, flush=flush,
-                    decode=decode, early_loads=bool(early_loads))
+                    decode=decode, early_loads=bool(k.early_loads))

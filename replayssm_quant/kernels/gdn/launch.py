@@ -14,7 +14,8 @@ from ..core.codes import lut_table
 from ..core.memory import register_cap, state_descriptor
 from ..core.persistent import launch_persistent
 from ..core.ring import advance_cursor, fmt_code, state_args
-from ..plan import check_knob_names, gdn_step_plan, note_plan
+from ..knobs import StepKnobs
+from ..plan import gdn_step_plan, note_plan
 from .flush import _gdn_flush_kernel
 from .step import _gdn_conv_kernel, _gdn_nonflush_kernel, _gdn_prep_kernel
 
@@ -55,7 +56,8 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
                     out: torch.Tensor | None = None, **knobs) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)
     log-decay, beta (B, Hv), slots (B,) int32. Returns o (B, Hv, V) fp32. The launch knobs
-    are keyword arguments, resolved and checked by ``gdn_step_plan``. ReplaySSM configs
+    are keyword arguments, gathered once into ``knobs.GdnKnobs`` (``StepKnobs.of``) and
+    resolved and checked by ``gdn_step_plan``. ReplaySSM configs
     run three launches like Mamba-2's (ring products + flush list, non-flush rows,
     persistent flush over the flushing rows' tiles, which also advances the cursors unless
     ``fuse_advance=False``; ``fuse_prep``, ``maxnreg`` (default
@@ -69,16 +71,16 @@ def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: boo
     from HBM it slowed the fp8-read/fp32 window 5.5 -> 6.2 us on Qwen3.5-4B;
     the UT-transform flush, ``flush_fold="dot"`` with a read copy, needs its own launch and
     is never one launch)."""
+    step_knobs = StepKnobs.of("gdn", advance=advance, **knobs)
     if runs_reference(q):
-        check_knob_names(gdn_step_plan, knobs)
         return reference_call(cache, lambda st: ref.decode_step(st, q, k, v, g, beta, slots),
                               advance=advance, out=out)
     HV, HK, V, K = check_inputs(cache, q, k, v, g, beta, slots)
     cfg = cache.cfg
-    plan = gdn_step_plan(cfg, cache.capacity, HV, HK, V, K, q.shape[0], q.device,
+    plan = gdn_step_plan(cfg, cache.capacity, HV, HK, V, K, q.shape[0], q.device, step_knobs,
                          # a conventional cache may hold no ring (the vLLM plugin's pages)
                          ring_dtype=cache.ring["k"].dtype if "k" in cache.ring else k.dtype,
-                         ckpt_data=cache.ckpt.data, advance=advance, **knobs)
+                         ckpt_data=cache.ckpt.data)
     note_plan(plan)
     Bsz = q.shape[0]
     o = out if out is not None else torch.empty(Bsz, HV, V, device=q.device, dtype=torch.float32)

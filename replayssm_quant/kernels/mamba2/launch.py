@@ -14,7 +14,8 @@ from ..core.codes import lut_table
 from ..core.memory import register_cap, state_descriptor
 from ..core.persistent import launch_persistent
 from ..core.ring import advance_cursor, fmt_code, state_args
-from ..plan import check_knob_names, mamba2_step_plan, note_plan
+from ..knobs import StepKnobs
+from ..plan import mamba2_step_plan, note_plan
 from .flush import _mamba2_flush_kernel
 from .step import _mamba2_conv_kernel, _mamba2_nonflush_kernel, _mamba2_prep_kernel
 
@@ -48,7 +49,8 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
 
     x (B, H, P), dt (B, H) fp32 post-softplus, A (H,), Bm/C (B, G, N), D (H,) or None,
     slots (B,) int32 cache slots (< 0: padding row, skipped). Returns y (B, H, P) fp32.
-    The launch knobs below are keyword arguments; ``mamba2_step_plan`` resolves and checks
+    The launch knobs below are keyword arguments, gathered once into ``knobs.Mamba2Knobs``
+    (``StepKnobs.of``, which refuses an unknown name); ``mamba2_step_plan`` resolves and checks
     them before any launch and returns what the step launches (``kernels.plan``).
     Conventional configs (L = 1, no spec capacity) run the conventional kernel. ReplaySSM
     configs run three launches: per-group ring products and the flush list, the non-flush
@@ -80,17 +82,16 @@ def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance
     an fp32 checkpoint's flush tiles through the tensor memory accelerator (default: where
     it applies, ``core.memory.resolve_flush_tma``).
     """
+    step_knobs = StepKnobs.of("mamba2", advance=advance, **knobs)
     if runs_reference(x):
-        check_knob_names(mamba2_step_plan, knobs)
         return reference_call(cache, lambda st: ref.decode_step(st, x, dt, A, Bm, C, D, slots),
                               advance=advance, out=out)
     H, P, N, G = check_inputs(cache, x, dt, A, Bm, C, slots)
     cfg = cache.cfg
     # a conventional cache may hold no ring (the vLLM plugin's pages)
     ring_dtype = cache.ring["B"].dtype if "B" in cache.ring else Bm.dtype
-    plan = mamba2_step_plan(cfg, cache.capacity, H, P, N, G, x.shape[0], x.device,
-                            ring_dtype=ring_dtype, ckpt_data=cache.ckpt.data, advance=advance,
-                            **knobs)
+    plan = mamba2_step_plan(cfg, cache.capacity, H, P, N, G, x.shape[0], x.device, step_knobs,
+                            ring_dtype=ring_dtype, ckpt_data=cache.ckpt.data)
     note_plan(plan)
     Bsz = x.shape[0]
     y = out if out is not None else torch.empty(Bsz, H, P, device=x.device, dtype=torch.float32)
