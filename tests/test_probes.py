@@ -285,3 +285,22 @@ def test_cli_eval_ruler_argument_errors(args, message):
     r = CliRunner().invoke(app, ["eval", MODEL, *args])
     assert r.exit_code == 2 and message in r.output
     assert r.output.count("\n") <= 2
+
+
+def test_probe_training_packs_completions(tokenizer):
+    """The training script rebuilds lm-eval's carry-chain prompt and masks only completions."""
+    import importlib.util
+    import random
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "train_probes.py"
+    spec = importlib.util.spec_from_file_location("train_probes_under_test", path)
+    tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp)
+    for ex, doc in zip(carry_chain_examples(2, seed=4), make_docs(2, seed=4), strict=True):
+        assert tp.carry_prompt(doc) == ex.prompt
+    pool = tp.ProbePool.carry_chain(tokenizer.backend_tokenizer, 3, seed=4)
+    ids, mask = pool.packed(random.Random(0), 4096)
+    assert len(ids) == 4097 and ids[-1] == 0 and mask[-1] == 0  # two problems, then padding
+    assert 2 * 1000 < int(mask.sum()) < 2 * 1600 and mask[0] == 0
+    first = next(s for s in pool.seqs if (ids[: len(s)] == s).all())
+    assert mask[len(first) - 1] == 1 and ids[len(first) - 1] == tokenizer.eos_token_id

@@ -827,6 +827,39 @@ def _val_note(tr: dict) -> str:
     return note + ")"
 
 
+def probe_training_markdown(pt: dict | None) -> list[str]:
+    """The card's "Probe training" section (``tools/train_probes.py``), empty without one."""
+    if not pt:
+        return []
+    d, acc = pt["data"], pt["check"]["accuracy"]
+    windows = ", then ".join(f"{n} steps at {w} tokens (batch {pt['batch_size'][w]})"
+                             for w, n in pt["steps_per_window"].items())
+    lines = [
+        "## Probe training",
+        "",
+        f"- Continued from {pt['init']}: {windows}; {pt['tokens_seen']:,} tokens, "
+        f"{pt['wall_seconds']:.0f} s on {pt['device']} ({pt['precision']}).",
+        f"- Mix: {d['probe_mix']:.0%} of each batch probe sequences, the rest play windows. Probe "
+        f"kinds per window length: {d['phases']}. RULER items: {d['ruler_items']} (seed "
+        f"{d['ruler_seed']}, padded into the window); carry_chain: {d['carry_chain_problems']} "
+        f"problems of {d['carry_chain_terms']} steps (seed {d['carry_chain_seed']}, packed).",
+        f"- Loss: {pt['loss']}. AdamW, peak lr {pt['lr']}, {pt['warmup_steps']} warm-up steps, "
+        f"{pt['schedule']}, residual dropout {pt['residual_dropout']}; long-memory heads' decay "
+        "kept fixed as above.",
+        f"- Shipped weights: step {pt['selected_step']} of {pt['steps']}, the last whose validation "
+        f"loss on the plays rose at most {pt['val_tolerance']:.0%} over the start. Held-out bits "
+        f"per byte before: {pt['held_out_bits_per_byte_before']:.4f} (now below).",
+        "",
+        f"fp32 greedy accuracy on held-out items (seed {pt['check']['seed']}, the evaluation's "
+        "default), measured by the training script:",
+        "",
+        "| task | items | accuracy |",
+        "| --- | ---: | ---: |",
+    ]
+    lines += [f"| {k} | {v['n']} | {v['accuracy']:.1%} |" for k, v in acc.items()]
+    return lines + [""]
+
+
 def card_markdown(card: dict, cfg) -> str:
     """Human-readable model card (data, training, held-out quality, decay spectrum)."""
     tr, ev = card["training"], card["held_out_eval"]
@@ -900,6 +933,9 @@ def card_markdown(card: dict, cfg) -> str:
         f"{tr['residual_dropout']} (training only, hooks); {tr['precision']}; "
         f"seed {tr['seed']}; torch {tr['torch']}, transformers {tr['transformers']}.",
         "",
+    ]
+    lines += probe_training_markdown(card.get("probe_training"))
+    lines += [
         "## Held-out quality",
         "",
         "Evaluated in float32 on the bf16-stored weights, windows of "

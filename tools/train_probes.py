@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""Continue training the fixture models on the plays mixed with probe-task examples.
+
+The shipped fixtures write play-like text whatever they are asked, so every probe task scores 0
+on them. This script continues their training (same weights, same tokenizer) on a mix of the
+Gutenberg plays and examples of the probe tasks in their exact evaluation prompts, so that the
+fixtures retrieve a RULER ``niah_single_1`` needle at 2,048 and 4,096 tokens and walk a
+``carry_chain`` table for 1,500 generated tokens, while their held-out bits per byte on the plays
+stay close to before. Two steps:
+
+``prepare`` (CPU, needs lm-eval's RULER generator, nltk and wonderwords) writes ``--out``
+(default ``.probe-data/``, not versioned): ``probes.npz`` (token ids of the RULER training items,
+seed 1, and of the held-out check items, seed 0 = ``eval``'s default seed), ``meta.json`` and
+the Gutenberg archive, so that ``train`` needs only torch, transformers, tokenizers and numpy::
+
+    python tools/train_probes.py prepare --out .probe-data
+
+``train`` (GPU) starts from ``--init-from`` (default: the shipped fixture), trains for
+``--minutes``: first 2,048-token windows, then 4,096 (``--phase1-share`` of the time), a
+``--probe-mix`` share of each batch being probe sequences (RULER items padded into the window,
+carry-chain problems generated from seeds != 0 and packed), then measures held-out bits per byte,
+the decay spectrum and fp32 greedy accuracy on held-out items, and writes ``model.safetensors``,
+``card.json`` and ``card.md`` into ``<out>/<model>/``. The GPU command (one H200, both models in
+parallel, about 8 minutes, results under ``$OUT``)::
+
+    mkdir -p $OUT && (for m in nemotron-h-tiny qwen3.5-tiny; do python3 tools/train_probes.py \\
+      train --models $m --data .probe-data --device cuda --minutes 5.5 --out $OUT & done; wait) \\
+      > $OUT/train.log 2>&1; grep -E "accuracy|bits/byte|restoring|wrote|Error" $OUT/train.log
+
+(with ``.probe-data`` carried to the machine). CPU smoke run::
+
+    python tools/train_probes.py train --models nemotron-h-tiny --device cpu --minutes 0.2 \\
+      --check-n 1 --carry-pool 16 --out /tmp/probe-smoke
+
+Loss: play windows train on every token; probe sequences on their completions only (the answer
+a model generates), and each sequence's loss is its mean over the tokens it trains, averaged over
+the batch. A RULER prompt is ~2,000 tokens of repeated filler around ~10 answer tokens: summed
+over tokens, the filler would swamp the answer and teach the plays' model to predict filler;
+per-sequence means give the ``--probe-mix`` share of the gradient to the probes' answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import platform
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_fixtures as tf  # noqa: E402
+
+DEFAULT_DATA = ROOT / ".probe-data"
+RULER_TASK = "niah_single_1"
+LENGTHS = (2048, 4096)
+TRAIN_SEED = 1  # RULER training items; eval's default seed is 0
+CARRY_TRAIN_SEED = 101  # carry-chain training problems; checks use seed 0 (eval's items)
+CHECK_SEED = 0
+PAD = 0
+
+
+def _module(name: str, rel: str):
+    """A module of the package loaded from its file (the package's imports need more than torch)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def carry_chain_module():
+    return _module("replayssm_carry_chain", "replayssm_quant/evals/carry_chain.py")
+
+
+def carry_prompt(doc: dict) -> str:
+    """MATH's ``doc_to_text`` (what lm-eval shows the model; ``prepare`` checks the equality)."""
+    return "Problem:" + "\n" + doc["problem"] + "\n\n" + "Solution:"
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def _flat(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
+    return np.concatenate([np.asarray(s, dtype=np.uint16) for s in seqs]), offsets
+
+
+def prepare(args) -> int:
+    """RULER items (train and check) as token ids, the Gutenberg archive, ``meta.json``."""
+    from transformers import AutoTokenizer
+
+    from replayssm_quant.evals import gutenberg, probe_data
+    from replayssm_quant.evals.carry_chain import make_docs
+    from replayssm_quant.evals.ruler import ruler_docs
+
+    tok_dir = tf.DEFAULT_OUT / tf.MODELS[0]
+    digests = {_md5(tf.DEFAULT_OUT / m / "tokenizer.json") for m in tf.MODELS}
+    if len(digests) != 1:
+        raise SystemExit("the fixtures' tokenizers differ; prepare one data folder per model")
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    answers: dict[str, list[list[str]]] = {}
+    for length in LENGTHS:
+        key = f"{RULER_TASK}@{length}"
+        t0 = time.perf_counter()
+        train = probe_data.ruler_examples(RULER_TASK, str(tok_dir), length, args.n, TRAIN_SEED)
+        ids, masks = zip(*(probe_data.encode_example(e, tokenizer) for e in train), strict=True)
+        arrays[f"train/{key}/ids"], arrays[f"train/{key}/offsets"] = _flat(list(ids))
+        arrays[f"train/{key}/prompt_len"] = np.asarray([m.index(True) for m in masks], np.int32)
+        check_docs = ruler_docs(RULER_TASK, str(tok_dir), length, args.check_n, CHECK_SEED)
+        check = [probe_data.ProbeExample(key, probe_data.ruler_prompt(d), "") for d in check_docs]
+        prompts = [tokenizer.encode(e.prompt, add_special_tokens=False) for e in check]
+        arrays[f"check/{key}/ids"], arrays[f"check/{key}/offsets"] = _flat(prompts)
+        answers[key] = [[str(o) for o in d["outputs"]] for d in check_docs]
+        tf.log(f"{key}: {len(train)} training items, {len(check)} check items "
+               f"({time.perf_counter() - t0:.0f}s)")
+    for doc in make_docs(3, CARRY_TRAIN_SEED):  # the prompt rebuilt in train is lm-eval's
+        assert carry_prompt(doc) == probe_data.carry_chain_prompt(doc)
+    np.savez_compressed(out / "probes.npz", **arrays)
+    archive = gutenberg.gutenberg_archive(args.cache)
+    (out / "gutenberg").mkdir(exist_ok=True)
+    shutil.copy2(archive, out / "gutenberg" / archive.name)
+    meta = {"ruler_task": RULER_TASK, "lengths": list(LENGTHS), "train_items": args.n,
+            "train_seed": TRAIN_SEED, "check_items": args.check_n, "check_seed": CHECK_SEED,
+            "answers": answers, "tokenizer_md5": digests.pop()}
+    (out / "meta.json").write_text(json.dumps(meta) + "\n")
+    sizes = {p.name: p.stat().st_size for p in out.rglob("*") if p.is_file()}
+    tf.log(f"wrote {out}: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(sizes.items())))
+    return 0
+
+
+# ----------------------------------------------------------------------------- data
+
+
+class ProbePool:
+    """Encoded probe examples of one kind: token ids and the index where the completion starts."""
+
+    def __init__(self, name: str, seqs: list[np.ndarray], prompt_len: list[int]):
+        self.name, self.seqs, self.prompt_len = name, seqs, prompt_len
+
+    @classmethod
+    def from_npz(cls, data, key: str) -> ProbePool:
+        ids, offsets = data[f"train/{key}/ids"], data[f"train/{key}/offsets"]
+        seqs = [ids[offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(offsets) - 1)]
+        return cls(key, seqs, [int(x) for x in data[f"train/{key}/prompt_len"]])
+
+    @classmethod
+    def carry_chain(cls, tok, n: int, seed: int) -> ProbePool:
+        docs = list(carry_chain_module().make_docs(n, seed))
+        prompts = tok.encode_batch([carry_prompt(d) for d in docs], add_special_tokens=False)
+        comps = tok.encode_batch([" " + d["solution"] for d in docs], add_special_tokens=False)
+        eos = tok.token_to_id(tf.SPECIALS[2])
+        seqs = [np.asarray(p.ids + c.ids + [eos], np.int64) for p, c in zip(prompts, comps, strict=True)]
+        return cls("carry_chain", seqs, [len(p.ids) for p in prompts])
+
+    def packed(self, rng: random.Random, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """Random examples back to back while they fit ``window + 1`` tokens, then padding;
+        the mask marks completion tokens."""
+        ids = np.full(window + 1, PAD, np.int64)
+        mask = np.zeros(window + 1, np.float32)
+        pos = 0
+        while True:
+            i = rng.randrange(len(self.seqs))
+            seq = self.seqs[i][: window + 1 - pos]
+            if pos and len(seq) < len(self.seqs[i]):
+                break
+            ids[pos:pos + len(seq)] = seq
+            mask[pos + self.prompt_len[i]:pos + len(seq)] = 1.0
+            pos += len(seq)
+            if pos >= window + 1:
+                break
+        return ids, mask
+
+
+PHASES = {  # probe kinds and their shares of the probe sequences, per window length
+    2048: {f"{RULER_TASK}@2048": 0.5, "carry_chain": 0.5},
+    4096: {f"{RULER_TASK}@4096": 0.4, f"{RULER_TASK}@2048": 0.2, "carry_chain": 0.4},
+}
+
+
+def make_batch(pools: dict[str, ProbePool], stream: torch.Tensor, window: int, batch: int,
+               mix: float, rng: random.Random, gen: torch.Generator):
+    """``batch`` sequences of ``window + 1`` tokens: play windows and packed probe sequences."""
+    n_probe = int(mix * batch) + (1 if rng.random() < mix * batch - int(mix * batch) else 0)
+    kinds = PHASES[window] if window in PHASES else PHASES[2048]
+    names, weights = zip(*kinds.items(), strict=True)
+    rows, masks = [], []
+    starts = torch.randint(0, stream.numel() - window - 1, (batch - n_probe,), generator=gen)
+    for s in starts.tolist():
+        rows.append(stream[s:s + window + 1].numpy())
+        masks.append(np.ones(window + 1, np.float32))
+    for _ in range(n_probe):
+        ids, mask = pools[rng.choices(names, weights)[0]].packed(rng, window)
+        rows.append(ids)
+        masks.append(mask)
+    return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(masks))
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+@torch.no_grad()
+def check_accuracy(model, tok, data, meta: dict, n: int, device, carry_terms: int = 48) -> dict:
+    """fp32 greedy accuracy on held-out items (seed 0): the needle in the first 16 generated
+    tokens (RULER's ``string_match_all``), and the boxed carry-chain answer."""
+    model.eval()
+    eos = tok.token_to_id(tf.SPECIALS[2])
+    kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": PAD}
+    out = {}
+    for key, answers in meta["answers"].items():
+        ids, offsets = data[f"check/{key}/ids"], data[f"check/{key}/offsets"]
+        right = 0
+        items = min(n, len(answers))
+        for i in range(items):
+            x = torch.tensor(ids[offsets[i]:offsets[i + 1]].astype(np.int64), device=device)[None]
+            gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, **kw)
+            text = tok.decode(gen[0, x.shape[1]:].tolist())
+            right += all(a in text for a in answers[i])
+        out[key] = {"n": items, "correct": right, "accuracy": right / max(1, items)}
+        tf.log(f"check {key}: {right}/{items}")
+    docs = list(carry_chain_module().make_docs(n, CHECK_SEED,
+                                               carry_chain_module().CarryChainDifficulty(carry_terms)))
+    right = 0
+    batch = 50
+    for b in range(0, len(docs), batch):
+        group = docs[b:b + batch]
+        enc = [tok.encode(carry_prompt(d), add_special_tokens=False).ids for d in group]
+        assert len({len(e) for e in enc}) == 1, "carry-chain prompts of one batch differ in length"
+        budget = max(len(tok.encode(" " + d["solution"], add_special_tokens=False).ids) for d in group)
+        x = torch.tensor(enc, device=device)
+        gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=budget + 32, **kw)
+        for d, row in zip(group, gen[:, x.shape[1]:].tolist(), strict=True):
+            got = re.findall(r"\\boxed\{(\d+)\}", tok.decode(row))
+            right += bool(got) and got[-1] == d["answer"]
+    out["carry_chain"] = {"n": len(docs), "correct": right, "accuracy": right / max(1, len(docs))}
+    tf.log(f"check carry_chain: {right}/{len(docs)}")
+    return out
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def load_fixture(name: str, folder: Path, device):
+    from transformers import NemotronHForCausalLM, Qwen3_5ForCausalLM
+
+    cls = NemotronHForCausalLM if name == "nemotron-h-tiny" else Qwen3_5ForCausalLM
+    model = cls.from_pretrained(folder, dtype=torch.float32)
+    return model.to(device)
+
+
+def train_one(name: str, args, tok, corpus, data, meta) -> None:
+    device = torch.device(args.device)
+    init = Path(args.init_from) / name
+    card = json.loads((init / "card.json").read_text())
+    tf.set_seed(args.seed)
+    model = load_fixture(name, init, device)
+    model.train()
+    long_heads = {int(k): v for k, v in card["training"]["long_heads_at_init"].items()}
+    hooks = tf.add_residual_dropout(model, args.dropout)
+    hooks += tf.freeze_long_decay(model, long_heads)
+    pools = {k: ProbePool.from_npz(data, k) for k in (f"{RULER_TASK}@{n}" for n in LENGTHS)}
+    t0 = time.perf_counter()
+    pools["carry_chain"] = ProbePool.carry_chain(tok, args.carry_pool, CARRY_TRAIN_SEED)
+    tf.log(f"{name}: {args.carry_pool} carry-chain problems encoded ({time.perf_counter() - t0:.0f}s); "
+           f"pools " + ", ".join(f"{k} {len(p.seqs)}" for k, p in pools.items()))
+    use_bf16 = device.type == "cuda"
+
+    def autocast():
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+    opt_kw = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(tf.param_groups(model, args.weight_decay), lr=args.lr,
+                            betas=(0.9, 0.95), eps=1e-8, **opt_kw)
+    rng = random.Random(f"probe-train:{name}:{args.seed}")
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    stream = corpus.train
+    budget = args.minutes * 60.0
+    step, tokens_seen, phase_steps = 0, 0, {2048: 0, 4096: 0}
+    base_val = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
+    limit = base_val * (1 + args.val_tolerance)
+    history = [{"step": 0, "val_nats_per_token": base_val, "seconds": 0.0}]
+    kept = (0, None)  # last step whose plays validation loss was within the tolerance
+    tf.log(f"{name}: plays val {base_val:.4f} nats/token before; keeping checkpoints <= {limit:.4f}")
+    t_start = last_val = time.perf_counter()
+    while True:
+        elapsed = time.perf_counter() - t_start
+        frac = step / args.steps if args.steps else elapsed / budget
+        if frac >= 1.0:
+            break
+        window = LENGTHS[0] if frac < args.phase1_share else LENGTHS[1]
+        batch = args.batch_size if window == LENGTHS[0] else max(1, args.batch_size // 2)
+        warm = min(1.0, (step + 1) / args.warmup)
+        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        seqs, masks = make_batch(pools, stream, window, batch, args.probe_mix, rng, gen)
+        seqs, masks = seqs.to(device), masks.to(device)
+        with autocast():
+            logits = model(input_ids=seqs[:, :-1], use_cache=False).logits
+        nll = F.cross_entropy(logits.float().flatten(0, 1), seqs[:, 1:].flatten(), reduction="none")
+        m = masks[:, 1:]
+        loss = ((nll.view_as(m) * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        phase_steps[window] += 1
+        tokens_seen += seqs[:, :-1].numel()
+        if step % args.log_every == 0 or step == 1:
+            tf.log(f"{name}: step {step} ({window}) loss {loss.item():.4f} gnorm {gnorm.item():.2f} "
+                   f"lr {lr:.2e} {time.perf_counter() - t_start:.0f}s")
+        if time.perf_counter() - last_val > args.val_seconds:
+            vl = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
+            history.append({"step": step, "val_nats_per_token": vl,
+                            "seconds": time.perf_counter() - t_start})
+            tf.log(f"{name}: step {step} plays val {vl:.4f} nats/token")
+            if vl <= limit:
+                kept = (step, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+            last_val = time.perf_counter()
+    wall = time.perf_counter() - t_start
+    vl = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
+    history.append({"step": step, "val_nats_per_token": vl, "seconds": wall})
+    selected = step
+    if vl > limit and kept[1] is not None:
+        tf.log(f"{name}: plays val {vl:.4f} > {limit:.4f} at the end: restoring step {kept[0]}")
+        model.load_state_dict(kept[1])
+        selected = kept[0]
+    elif vl > limit:
+        tf.log(f"{name}: plays val {vl:.4f} > {limit:.4f} and no earlier checkpoint within it")
+    for h in hooks:
+        h.remove()
+    model.to(torch.bfloat16).to(torch.float32)  # evaluate what is shipped
+    metrics = tf.evaluate(model, tok, corpus, LENGTHS[0], device)
+    before = card["held_out_eval"]["bits_per_byte"]
+    tf.log(f"{name}: held-out {metrics['bits_per_byte']:.4f} bits/byte (before {before:.4f}, "
+           f"{metrics['bits_per_byte'] / before - 1:+.2%})")
+    acc = check_accuracy(model, tok, data, meta, args.check_n, device)
+    summary = ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in acc.items())
+    tf.log(f"{name}: fp32 greedy accuracy {summary}")
+    gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else None
+    card["held_out_eval"] = {k: v for k, v in metrics.items() if k != "decay_spectrum"}
+    card["decay_spectrum"] = metrics["decay_spectrum"]
+    card["heads_ge_0999"] = sum(r["heads_ge_0999"] for r in metrics["decay_spectrum"])
+    card["probe_training"] = {
+        "init": "the weights of the plays-only training above (same tokenizer)",
+        "held_out_bits_per_byte_before": before,
+        "data": {"probe_mix": args.probe_mix, "phases": {str(k): v for k, v in PHASES.items()},
+                 "ruler_items": {k: len(p.seqs) for k, p in pools.items() if k != "carry_chain"},
+                 "ruler_seed": meta["train_seed"], "carry_chain_problems": args.carry_pool,
+                 "carry_chain_seed": CARRY_TRAIN_SEED, "carry_chain_terms": 48},
+        "loss": "plays: every token; probe sequences: completion tokens; mean per sequence",
+        "steps": step, "selected_step": selected, "val_tolerance": args.val_tolerance,
+        "steps_per_window": {str(k): v for k, v in phase_steps.items()},
+        "batch_size": {str(LENGTHS[0]): args.batch_size, str(LENGTHS[1]): max(1, args.batch_size // 2)},
+        "lr": args.lr, "warmup_steps": args.warmup, "schedule": "cosine over the time budget to 0.1x",
+        "residual_dropout": args.dropout, "tokens_seen": tokens_seen, "wall_seconds": wall,
+        "minutes_budget": args.minutes, "device": gpu or platform.processor() or "cpu",
+        "precision": "bf16 autocast, fp32 master weights" if gpu else "fp32",
+        "torch": torch.__version__, "val_history": history,
+        "check": {"seed": CHECK_SEED, "dtype": "float32 (bf16-stored weights)", "decoding": "greedy",
+                  "accuracy": acc},
+    }
+    out = Path(args.out) / name
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+        shutil.copy2(Path(tmp) / "model.safetensors", out / "model.safetensors")
+    (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+    (out / "card.md").write_text(tf.card_markdown(card, model.config))
+    tf.log(f"{name}: wrote {out}")
+
+
+def train(args) -> int:
+    from tokenizers import Tokenizer
+
+    data_dir = Path(args.data)
+    meta = json.loads((data_dir / "meta.json").read_text())
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    for name in names:
+        if name not in tf.MODELS:
+            raise SystemExit(f"unknown model {name!r}; choose from {tf.MODELS}")
+    tok_file = Path(args.init_from) / names[0] / "tokenizer.json"
+    if _md5(tok_file) != meta["tokenizer_md5"]:
+        raise SystemExit(f"{tok_file} is not the tokenizer {data_dir} was prepared with")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    tf.install_fast_mamba2_scan()
+    tok = Tokenizer.from_file(str(tok_file))
+    gut = tf._gutenberg()
+    train_texts, held_texts = gut.split_plays(data_dir / "gutenberg")
+    corpus = tf.build_corpus(tok, train_texts, held_texts)
+    data = dict(np.load(data_dir / "probes.npz"))
+    tf.log(f"data: {corpus.train.numel():,} play tokens, probes from {data_dir} on {args.device}")
+    for name in names:
+        train_one(name, args, tok, corpus, data, meta)
+    return 0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("prepare", help="write the probe data folder (CPU, needs lm-eval)")
+    pr.add_argument("--out", default=str(DEFAULT_DATA))
+    pr.add_argument("-n", type=int, default=3000, help="RULER training items per length")
+    pr.add_argument("--check-n", type=int, default=100, help="held-out check items per length")
+    pr.add_argument("--cache", default=None, help="Gutenberg cache folder")
+    t = sub.add_parser("train", help="continue training the fixtures on plays + probes")
+    t.add_argument("--data", default=str(DEFAULT_DATA), help="folder written by prepare")
+    t.add_argument("--models", default=",".join(tf.MODELS))
+    t.add_argument("--init-from", default=str(tf.DEFAULT_OUT),
+                   help="fixtures folder to start from (<init-from>/<model>/; default: the shipped)")
+    t.add_argument("--out", default=str(tf.DEFAULT_OUT), help="writes <out>/<model>/{model.safetensors,"
+                   "card.json,card.md}")
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--minutes", type=float, default=5.5, help="training time per model")
+    t.add_argument("--steps", type=int, default=None, help="fixed step count instead of --minutes")
+    t.add_argument("--probe-mix", type=float, default=0.5, help="share of probe sequences per batch")
+    t.add_argument("--phase1-share", type=float, default=0.5, help="share of training at 2,048 tokens")
+    t.add_argument("--batch-size", type=int, default=None, help="at 2,048 (halved at 4,096); "
+                   "default 16 on GPU, 2 on CPU")
+    t.add_argument("--lr", type=float, default=8e-4)
+    t.add_argument("--warmup", type=int, default=30)
+    t.add_argument("--weight-decay", type=float, default=0.1)
+    t.add_argument("--dropout", type=float, default=0.1)
+    t.add_argument("--carry-pool", type=int, default=6000, help="carry-chain training problems")
+    t.add_argument("--check-n", type=int, default=50, help="check items per task")
+    t.add_argument("--val-seconds", type=float, default=30.0, help="plays validation interval")
+    t.add_argument("--val-windows", type=int, default=24)
+    t.add_argument("--val-tolerance", type=float, default=0.04,
+                   help="ship the last checkpoint whose plays validation loss rose at most this much")
+    t.add_argument("--log-every", type=int, default=50)
+    t.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.command == "train" and args.batch_size is None:
+        args.batch_size = 16 if torch.device(args.device).type == "cuda" else 2
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return prepare(args) if args.command == "prepare" else train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
