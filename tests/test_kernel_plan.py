@@ -413,3 +413,22 @@ def test_step_knobs_checked_once_where_a_step_is_called():
                              ("gdn", {"pdl": "both"}, "pdl must be")):
         with pytest.raises(ValueError, match=msg):
             StepKnobs.of(kind, **knobs)
+
+
+def test_planner_reads_the_table_of_the_targets_family(monkeypatch):
+    """``tuning.table_for``: a CUDA target's family table (Hopper for sm_90), the default table
+    for every other target; the planner passes the target's table to its rules, so a changed
+    entry in one family's table changes only that family's plans."""
+    from dataclasses import replace as dc_replace
+
+    from replayssm_quant.kernels.tuning import DEFAULT_TABLE, FAMILY_TABLES, HOPPER, table_for
+
+    assert table_for(TARGETS["h200"]) is HOPPER and table_for(TARGETS["h100"]) is HOPPER
+    for name in ("interpreter", "a100"):
+        assert table_for(TARGETS[name]) is DEFAULT_TABLE
+    assert table_for(resolve_target("sm_100")) is DEFAULT_TABLE and table_for(None) is DEFAULT_TABLE
+    args = ("qwen3.5-4b", "nvfp4-read/fp16-sr", 4)
+    assert step_plan(*args, "h200").one_launch and step_plan(*args, "a100").one_launch
+    edited = {**HOPPER, "one_launch.max_batch": dc_replace(HOPPER["one_launch.max_batch"], value=2)}
+    monkeypatch.setitem(FAMILY_TABLES, 9, edited)
+    assert not step_plan(*args, "h200").one_launch and step_plan(*args, "a100").one_launch

@@ -295,12 +295,12 @@ def test_step_flush_knobs_are_checked():
 def test_one_launch_choice():
     """One launch by default at small batch unless a persistent-flush knob is set; asking for
     it with a knob of the flush it replaces is refused."""
-    from replayssm_quant.kernels.tuning.rules import (
-        ONE_LAUNCH_MAX_BATCH,
-        ONE_LAUNCH_MAX_BATCH_CONV,
-        ONE_LAUNCH_MAX_STATE,
-        resolve_one_launch,
-    )
+    from replayssm_quant.kernels.tuning import DEFAULT_TABLE
+    from replayssm_quant.kernels.tuning.rules import resolve_one_launch
+
+    ONE_LAUNCH_MAX_BATCH = DEFAULT_TABLE["one_launch.max_batch"].value
+    ONE_LAUNCH_MAX_BATCH_CONV = DEFAULT_TABLE["one_launch.max_batch_conv"].value
+    ONE_LAUNCH_MAX_STATE = DEFAULT_TABLE["one_launch.max_state"].value
 
     assert resolve_one_launch(None, 1) and resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH)
     assert not resolve_one_launch(None, ONE_LAUNCH_MAX_BATCH + 1)
@@ -319,7 +319,8 @@ def test_one_launch_choice():
         resolve_one_launch(True, 1, (16,))
     # programs that flush in row passes: one launch up to a larger batch, whatever the state
     from replayssm_quant.kernels.tuning.mamba2_rules import flush_passes_default
-    from replayssm_quant.kernels.tuning.rules import ONE_LAUNCH_PASSES_MAX_BATCH
+
+    ONE_LAUNCH_PASSES_MAX_BATCH = DEFAULT_TABLE["one_launch.passes_max_batch"].value
 
     big = ONE_LAUNCH_MAX_STATE * 8
     assert resolve_one_launch(None, ONE_LAUNCH_PASSES_MAX_BATCH, step_state=big, passes=True)

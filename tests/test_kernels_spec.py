@@ -172,14 +172,14 @@ def test_gdn_verify_commit_zero_decay(name):
 
 @pytest.mark.parametrize("kind", ["mamba2", "gdn"])
 def test_verify_register_cap(kind):
-    """The verify's register cap (``verify_maxnreg_default``: ``VERIFY_MAXNREG`` from batch
+    """The verify's register cap (``verify_maxnreg_default``: ``verify.maxnreg`` from batch
     256) is a launch option only: the default, uncapped (None), the default cap and a tight
     cap give the reference's outputs; a bad cap is refused before any launch."""
-    from replayssm_quant.kernels.tuning.rules import (
-        VERIFY_CAP_MIN_BATCH,
-        VERIFY_MAXNREG,
-        verify_maxnreg_default,
-    )
+    from replayssm_quant.kernels.tuning import DEFAULT_TABLE
+    from replayssm_quant.kernels.tuning.rules import verify_maxnreg_default
+
+    VERIFY_MAXNREG = DEFAULT_TABLE["verify.maxnreg"].value
+    VERIFY_CAP_MIN_BATCH = DEFAULT_TABLE["verify.cap_min_batch"].value
 
     assert verify_maxnreg_default(VERIFY_CAP_MIN_BATCH) == VERIFY_MAXNREG
     assert verify_maxnreg_default(VERIFY_CAP_MIN_BATCH - 1) is None

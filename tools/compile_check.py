@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# (target, preset, rows, warps, options): the library's default launches (MAMBA2_FLUSH_KNOBS,
+# (target, preset, rows, warps, options): the library's default launches (mamba2_flush_knobs,
 # gdn_flush_knobs, *_step_knobs, default_fold_precision) plus the one-launch and programmatic
 # launch forms of the steps
 VARIANTS: list[tuple[str, str, int, int, dict]] = [

@@ -13,6 +13,7 @@ import torch
 
 from .core.memory import register_cap
 from .core.target import Target
+from .tuning import DEFAULT_TABLE, Table
 
 
 class _Default:
@@ -98,18 +99,20 @@ def pdl_edges_of(pdl: bool | str | None) -> tuple[str, ...]:
     return PDL_EDGES
 
 
-def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
+def resolve_pdl(pdl: bool | str | None, device: torch.device | Target, *,
+                table: Table = DEFAULT_TABLE) -> bool:
     """Whether a ReplaySSM step's launches after its first overlap the launch before them
     (programmatic dependent launch; a string names one edge, ``pdl_edges_of``): by default
-    (None) wherever the GPU has it (sm_90+); asking for it is refused on an older GPU, whose
-    compiler has no ``griddepcontrol``. Under the interpreter (CPU tensors) it runs the same
-    kernels, whose waits are no-ops there. A one-launch step has no edge to overlap. Only the
-    non-flush programs of non-flushing rows release the flush launch: a release in each of a
-    flush step's exiting programs made that step slower. Evidence: ``tuning.hopper`` entry ``pdl``."""
+    (None) wherever the GPU has it (sm_90+) and its family's ``table`` turns it on; asking for
+    it is refused on an older GPU, whose compiler has no ``griddepcontrol``. Under the
+    interpreter (CPU tensors) it runs the same kernels, whose waits are no-ops there. A
+    one-launch step has no edge to overlap. Only the non-flush programs of non-flushing rows
+    release the flush launch: a release in each of a flush step's exiting programs made that
+    step slower. Evidence: ``tuning.hopper`` entry ``pdl``."""
     pdl_edges_of(pdl)
     target = Target.of(device)
     if pdl is None:
-        return target.programmatic_launch
+        return target.programmatic_launch and table["pdl"].value
     if pdl and target.cuda and not target.programmatic_launch:
         raise ValueError("pdl needs an sm_90 or newer GPU (programmatic dependent launch)")
     return bool(pdl)
@@ -118,16 +121,16 @@ def resolve_pdl(pdl: bool | str | None, device: torch.device | Target) -> bool:
 NVFP4_DECODES = ("e4m3", "words", "mma")
 
 
-def nvfp4_decode_of(mode: str | None) -> str:
+def nvfp4_decode_of(mode: str | None, default: str = "e4m3") -> str:
     """How a Mamba-2 non-flush step decodes its NVFP4 source: ``"e4m3"`` (default: each
     int32 word's nibbles placed into E4M3 bytes, then the hardware's fp8 -> fp16 conversion,
     ``core.codes.e2m1_words_fp16``), ``"words"`` (three integer operations per element into fp32
     bit patterns, ``core.codes.e2m1_word_scaled``) or ``"mma"`` (the E4M3-byte decode times each
     block's scale in fp16, exact, and the state product on tensor cores against C's fp16 pieces
     that the ring-products launch writes, ``core.products.nvfp4_mma_dot``; a step with that
-    launch only; not yet timed, so not a default).
-    Evidence: ``tuning.hopper`` entry ``mamba2.nvfp4_decode``."""
-    mode = mode or "e4m3"
+    launch only; not yet timed, so not a default). None takes ``default``, the planner's from
+    its table. Evidence: ``tuning.hopper`` entry ``mamba2.nvfp4_decode``."""
+    mode = mode or default
     if mode not in NVFP4_DECODES:
         raise ValueError(f"nvfp4_decode must be one of {NVFP4_DECODES}, got {mode!r}")
     return mode
@@ -140,8 +143,8 @@ def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "
     """How a non-flush step decodes an fp8 read source (the plan's ``decode``; "" for any
     other source): ``"cvt"`` (byte tiles through the hardware's fp8 conversion) or ``"words"``
     (int32 words, three integer operations per element into fp32 bit patterns,
-    ``core.codes.e4m3_word_scaled``); None takes ``default``. The Mamba-2 steps keep ``"cvt"``.
-    Evidence: ``tuning.hopper`` entry ``mamba2.fp8_decode``."""
+    ``core.codes.e4m3_word_scaled``); None takes ``default``, the planner's from its table
+    (the Mamba-2 steps keep ``"cvt"``). Evidence: ``tuning.hopper`` entry ``mamba2.fp8_decode``."""
     mode = mode or default
     if mode not in FP8_DECODES:
         raise ValueError(f"fp8_decode must be one of {FP8_DECODES}, got {mode!r}")
@@ -151,7 +154,8 @@ def fp8_decode_of(mode: str | None, source: str, capacity: int, default: str = "
 DOT_PRECISIONS = ("auto", "bf16x3", "tf32x3", "ieee")
 
 
-def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
+def verify_precision(dot_precision: str, act_dtype: torch.dtype, *,
+                     table: Table = DEFAULT_TABLE) -> str:
     """The verify's state product:
 
     * ``"bf16x3"``: the state as the bf16 pieces that hold its values (``split_dot``: one for
@@ -159,13 +163,13 @@ def verify_precision(dot_precision: str, act_dtype: torch.dtype) -> str:
       bf16 activations, so every product is exact; the fp32 accumulation still rounds;
     * ``"tf32x3"``: each fp32 operand as a TF32 head and tail, three tensor-core products;
     * ``"ieee"``: fp32 FMAs, 2-4x slower;
-    * ``"auto"`` (default): ``bf16x3`` for bf16 activations, else ``tf32x3``.
+    * ``"auto"`` (default): the table's choice, ``bf16x3`` for bf16 activations, else ``tf32x3``.
     Evidence: ``tuning.hopper`` entry ``verify.dot_precision``."""
     if dot_precision not in DOT_PRECISIONS:
         raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got {dot_precision!r}")
     bf16 = act_dtype == torch.bfloat16
     if dot_precision == "auto":
-        return "bf16x3" if bf16 else "tf32x3"
+        return table["verify.dot_precision"].value["bf16" if bf16 else "other"]
     if dot_precision == "bf16x3" and not bf16:
         raise ValueError(f"dot_precision='bf16x3' needs bf16 activations, got {act_dtype}")
     return dot_precision
@@ -200,19 +204,20 @@ def check_prep_groups(prep_groups: int | None, groups: int, what: str) -> None:
 GDN_NVFP4_DECODES = ("words", "lut", "mma")
 
 
-def gdn_nvfp4_decode_of(mode: str | None, lut: bool) -> str:
+def gdn_nvfp4_decode_of(mode: str | None, lut: bool, default: str = "words") -> str:
     """How a GDN non-flush step decodes an NVFP4 source: ``"words"`` (default; int32 words into
     fp32 bit patterns, ``core.codes.e2m1_word_scaled``, two FMAs per element for S k and S q),
     ``"lut"`` with ``lut=True`` (a 16-entry table), or ``"mma"`` (tensor-core products against
     the fp16 pieces of k and q the ring-products launch writes, ``core.products.nvfp4_mma_dot``;
     a step with that launch only). Mamba-2's E4M3-byte decode is not offered: the decoded tile
-    held for both products made the step slower. Evidence: ``tuning.hopper`` entry ``gdn.nvfp4_decode``."""
+    held for both products made the step slower. None takes ``default``, the planner's from its
+    table. Evidence: ``tuning.hopper`` entry ``gdn.nvfp4_decode``."""
     if lut:
         if mode not in (None, "lut"):
             raise ValueError(f"lut=True decodes NVFP4 through a table; nvfp4_decode={mode!r} "
                              "asks for another decode")
         return "lut"
-    mode = mode or "words"
+    mode = mode or default
     if mode not in GDN_NVFP4_DECODES:
         raise ValueError(f"nvfp4_decode must be one of {GDN_NVFP4_DECODES}, got {mode!r}")
     return mode

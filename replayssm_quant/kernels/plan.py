@@ -43,6 +43,7 @@ from .knobs import (
     records_fold,
     resolve_pdl,
 )
+from .tuning import table_for
 from .tuning.gdn_rules import (
     gdn_flush_knobs,
     gdn_flush_maxnreg_default,
@@ -323,44 +324,46 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     flush check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
     k = knobs
     target = Target.of(target)
+    table = table_for(target)
     check_prep_groups(k.prep_groups, G, "groups")
     fmaxnreg = k.given_flush_maxnreg
     src = cfg.read or cfg.ckpt
-    mode = nvfp4_decode_of(k.nvfp4_decode)
+    mode = nvfp4_decode_of(k.nvfp4_decode, table["mamba2.nvfp4_decode"].value)
     decode = (("lut" if k.lut else mode) if src.name == "nvfp4" else
-              fp8_decode_of(k.fp8_decode, src.name, capacity))
-    kb, kw = mamba2_step_knobs(cfg, P, N)
-    split = whole_head_rows(P, N) if capacity else None
+              fp8_decode_of(k.fp8_decode, src.name, capacity, table["mamba2.fp8_decode"].value))
+    kb, kw = mamba2_step_knobs(cfg, P, N, table=table)
+    split = whole_head_rows(P, N, table=table) if capacity else None
     step_flush_rows, step_flush_fold = k.step_flush_rows, k.step_flush_fold
 
     def step_rows(ol: bool) -> tuple[int, int]:
         """(rows, second row pass) of a step program, one launch or not."""
-        rows = k.block_p or small_grid_rows(cfg, kb, P, H, batch, ol)
+        rows = k.block_p or small_grid_rows(cfg, kb, P, H, batch, ol, table=table)
         wh = k.whole_head
         if wh is None:
-            passes = flush_passes_default(cfg, P) or step_flush_rows is not None
-            wh = whole_head_default(cfg, ol, passes) and k.block_p is None and rows == kb
+            passes = flush_passes_default(cfg, P, table=table) or step_flush_rows is not None
+            wh = (whole_head_default(cfg, ol, passes, table=table) and k.block_p is None
+                  and rows == kb)
         return split if wh and split is not None else (rows, 0)
 
     # one launch up to a larger batch where its programs would flush in row passes
     passes = (capacity > 0 and step_flush_rows is None and step_flush_fold is None
-              and flush_passes_default(cfg, P)
-              and step_flush_default(cfg, *step_rows(True), ring_dtype)[0] is not None)
+              and flush_passes_default(cfg, P, table=table)
+              and step_flush_default(cfg, *step_rows(True), ring_dtype, table=table)[0] is not None)
     ol = resolve_one_launch(k.one_launch, batch, k.persistent_flush_knobs(),
                             conventional=capacity == 0, step_state=batch * H * P * N,
-                            passes=passes)
-    advance = k.advance and keeps_counters(cfg, capacity)
+                            passes=passes, table=table)
+    advance = k.advance and keeps_counters(cfg, capacity, table=table)
     ticket = ol and advance and k.fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(k.pdl, target), pdl_edges_of(k.pdl)
+    use_pdl, pdl_edges = resolve_pdl(k.pdl, target, table=table), pdl_edges_of(k.pdl)
     early_loads = k.early_loads
     if early_loads is None:
-        early_loads = early_loads_default(cfg, batch, ol)
+        early_loads = early_loads_default(cfg, batch, ol, table=table)
     BP, BP2 = step_rows(ol)
     tiles = 1 if BP2 else triton.cdiv(P, BP)
     tile_first = k.tile_first
     if tile_first is None:
         tile_first = (not reads_narrow_copy(cfg) if BP2 else
-                      mamba2_tile_first(capacity, P, BP, reads_narrow_copy(cfg)))
+                      mamba2_tile_first(capacity, P, BP, reads_narrow_copy(cfg), table=table))
     base = dict(kind="mamba2", config=str(cfg), batch=batch, heads=H, dim=P, d_state=N,
                 groups=G, capacity=capacity, target=target, one_launch=ol, ticket=ticket,
                 rows=BP, rows2=BP2, tiles=tiles, tile_first=bool(tile_first),
@@ -372,38 +375,39 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
                         separate_advance=advance and not ticket, fused_prep=False,
                         prep_groups=None, prep_grid=None, step_pdl=False, flush=None)
     if ol and step_flush_rows is None and step_flush_fold is None:
-        step_flush_rows, step_flush_fold = step_flush_default(cfg, BP, BP2, ring_dtype)
+        step_flush_rows, step_flush_fold = step_flush_default(cfg, BP, BP2, ring_dtype, table=table)
     fr, fr_fold = check_step_flush(step_flush_rows, step_flush_fold, ol, BP, BP2, ring_dtype)
     # a one-launch step forms its ring products unless asked not to (then the products launch
     # runs before it, and the step is two launches)
     fuse_prep = k.fuse_prep
     fp = ((fuse_prep is None or fuse_prep) if ol else
-          (fused_prep_default(batch) if fuse_prep is None else fuse_prep))
+          (fused_prep_default(batch, table=table) if fuse_prep is None else fuse_prep))
     if decode == "mma" and (fp or ol):
         raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of C that the ring-products "
                          "launch writes: it needs a step with that launch (fuse_prep=False and "
                          "one_launch=False, the defaults from batch 5)")
     if k.maxnreg is DEFAULT:
         base["maxnreg"] = mamba2_nonflush_maxnreg_default(decode, BP2, base["warps"], kw, fp,
-                                                          batch)
-    pg = None if fp else k.prep_groups or prep_groups_default(batch, G)
+                                                          batch, table=table)
+    pg = None if fp else k.prep_groups or prep_groups_default(batch, G, table=table)
     # programmatic launches: the non-flush launch after the ring products, the flush after it
     prep_pdl = use_pdl and "prep" in pdl_edges
     step_pdl = use_pdl and not fp and "prep" in pdl_edges
     flush = None
     if not ol:
-        fold, fblock, fwarps = mamba2_flush_knobs(cfg)
+        fold, fblock, fwarps = mamba2_flush_knobs(cfg, table=table)
         BPF = min(k.flush_block_p or fblock, triton.next_power_of_2(P))
         FW = k.flush_warps or fwarps
         records = records_fold(k.flush_fold or fold)
         if k.flush_maxnreg is DEFAULT:
-            fmaxnreg = mamba2_flush_maxnreg_default(cfg, BPF, FW) if records else None
+            fmaxnreg = (mamba2_flush_maxnreg_default(cfg, BPF, FW, table=table) if records
+                        else None)
         tma = resolve_flush_tma(k.flush_tma, cfg, P, BPF, ol, target, ckpt_data)
         flush = FlushPlan(
             fold="records" if records else "dot", rows=BPF, warps=FW,
-            precision=fold_precision(k.flush_precision, ring_dtype,
-                                     default_fold_precision(cfg, records, BPF, ring_dtype)),
-            stages=k.flush_stages or flush_stages_for(cfg, tma), tma=tma,
+            precision=fold_precision(k.flush_precision, ring_dtype, default_fold_precision(
+                cfg, records, BPF, ring_dtype, table=table)),
+            stages=k.flush_stages or flush_stages_for(cfg, tma, table=table), tma=tma,
             tiles=batch * H * triton.cdiv(P, BPF), per_sm=k.flush_per_sm, maxnreg=fmaxnreg,
             pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and k.fuse_advance)
     base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
@@ -423,21 +427,24 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     ``ckpt_data`` lets the flush check that TMA can address the checkpoint."""
     k = knobs
     target = Target.of(target)
+    table = table_for(target)
     check_prep_groups(k.prep_groups, HK, "key heads")
     fmaxnreg = k.given_flush_maxnreg
     src = cfg.read or cfg.ckpt
-    nvfp4 = gdn_nvfp4_decode_of(k.nvfp4_decode, k.lut)  # checked whatever the source
+    # checked whatever the source
+    nvfp4 = gdn_nvfp4_decode_of(k.nvfp4_decode, k.lut, table["gdn.nvfp4_decode"].value)
     decode = (nvfp4 if src.name == "nvfp4" else
-              fp8_decode_of(k.fp8_decode, src.name, capacity, gdn_fp8_decode_default(batch)))
+              fp8_decode_of(k.fp8_decode, src.name, capacity,
+                            gdn_fp8_decode_default(batch, table=table)))
     ol = resolve_one_launch(k.one_launch, batch, k.persistent_flush_knobs(),
                             conventional=capacity == 0, step_state=batch * HV * V * K,
-                            light_flush=cfg.read is None and cfg.ckpt.name == "fp32")
-    advance = k.advance and keeps_counters(cfg, capacity)
+                            light_flush=cfg.read is None and cfg.ckpt.name == "fp32", table=table)
+    advance = k.advance and keeps_counters(cfg, capacity, table=table)
     ticket = ol and advance and k.fuse_advance  # each row's last program advances its cursor
-    use_pdl, pdl_edges = resolve_pdl(k.pdl, target), pdl_edges_of(k.pdl)
-    kb, kw = gdn_step_knobs(cfg, V)
-    BV = k.block_v or small_grid_rows(cfg, kb, V, HV, batch, ol)
-    tf = (gdn_tile_first(capacity, reads_narrow_copy(cfg)) if k.tile_first is None
+    use_pdl, pdl_edges = resolve_pdl(k.pdl, target, table=table), pdl_edges_of(k.pdl)
+    kb, kw = gdn_step_knobs(cfg, V, table=table)
+    BV = k.block_v or small_grid_rows(cfg, kb, V, HV, batch, ol, table=table)
+    tf = (gdn_tile_first(capacity, reads_narrow_copy(cfg), table=table) if k.tile_first is None
           else k.tile_first)
     tiles = triton.cdiv(V, BV)
     base = dict(kind="gdn", config=str(cfg), batch=batch, heads=HV, dim=V, d_state=K, groups=HK,
@@ -453,31 +460,35 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
         raise ValueError("step_flush_fold='dot' folds the ring's u records; a read copy's flush "
                          "recomputes them record by record (use 'records')")
     base.update(step_flush_rows=fr, step_flush_fold=fr_fold)
-    fold, fblock, fwarps = gdn_flush_knobs(cfg, batch)
+    fold, fblock, fwarps = gdn_flush_knobs(cfg, batch, table=table)
     records = records_fold(k.flush_fold or fold)
     ut = cfg.recompute_u and not records  # the flush solves the window with (I + M)^-T
     BVF = min(k.flush_block_v or fblock, triton.next_power_of_2(V))
     FW = k.flush_warps or fwarps
     fprec = fold_precision(k.flush_precision, ring_dtype,
-                           default_fold_precision(cfg, records, BVF, ring_dtype))
+                           default_fold_precision(cfg, records, BVF, ring_dtype, table=table))
     check_ut_tile(ut, fprec, BVF, FW)
     # the UT transform needs its own launch; otherwise small batches fold it away
-    fp = ol or (not ut and (fused_prep_default(batch) if k.fuse_prep is None else k.fuse_prep))
+    fp = ol or (not ut and (fused_prep_default(batch, table=table) if k.fuse_prep is None
+                            else k.fuse_prep))
     if decode == "mma" and capacity and fp:
         raise ValueError("nvfp4_decode='mma' reads the fp16 pieces of k and q that the "
                          "ring-products launch writes: it needs a step with that launch "
                          "(fuse_prep=False and one_launch=False, the defaults from batch 5)")
     if k.maxnreg is DEFAULT:
-        base["maxnreg"] = gdn_nonflush_maxnreg_default(decode, BV, base["warps"], kb, kw, fp)
-    pk = None if fp else (1 if ut else k.prep_groups or gdn_prep_groups_default(cfg, batch, HK))
+        base["maxnreg"] = gdn_nonflush_maxnreg_default(decode, BV, base["warps"], kb, kw, fp,
+                                                       table=table)
+    pk = None if fp else (1 if ut else k.prep_groups
+                          or gdn_prep_groups_default(cfg, batch, HK, table=table))
     flush = None
     if not ol:
         tma = resolve_flush_tma(k.flush_tma, cfg, V, BVF, ol, target, ckpt_data)
         if k.flush_maxnreg is DEFAULT:
-            fmaxnreg = gdn_flush_maxnreg_default(cfg, records, BVF, FW, batch)
+            fmaxnreg = gdn_flush_maxnreg_default(cfg, records, BVF, FW, batch, table=table)
         flush = FlushPlan(
             fold="records" if records else "dot", rows=BVF, warps=FW, precision=fprec,
-            stages=k.flush_stages or gdn_flush_stages(fprec, records, cfg, tma), tma=tma,
+            stages=k.flush_stages or gdn_flush_stages(fprec, records, cfg, tma, table=table),
+            tma=tma,
             tiles=batch * HV * triton.cdiv(V, BVF), per_sm=k.flush_per_sm, maxnreg=fmaxnreg,
             pdl=use_pdl and "flush" in pdl_edges, advances_cursor=advance and k.fuse_advance,
             recompute_u=cfg.recompute_u, ut=ut)

@@ -16,11 +16,9 @@ Launch choices come from ``plan.gdn_step_plan`` over the GPU family's table in `
 
 from __future__ import annotations
 
-from ..knobs import GDN_NVFP4_DECODES, gdn_nvfp4_decode_of
+from ..knobs import GDN_NVFP4_DECODES, GdnKnobs, gdn_nvfp4_decode_of
 from ..plan import gdn_step_plan
 from ..tuning.gdn_rules import (
-    READ_COPY_FLUSH_MIN_BATCH,
-    WHOLE_ROW_PREP_MIN_BATCH,
     gdn_flush_knobs,
     gdn_flush_maxnreg_default,
     gdn_flush_stages,
@@ -36,9 +34,8 @@ from .verify import VERIFY_G_FLOOR, gdn_commit, gdn_verify
 
 __all__ = [
     "GDN_NVFP4_DECODES",
-    "READ_COPY_FLUSH_MIN_BATCH",
+    "GdnKnobs",
     "VERIFY_G_FLOOR",
-    "WHOLE_ROW_PREP_MIN_BATCH",
     "gdn_commit",
     "gdn_decode_step",
     "gdn_emulate",

@@ -15,7 +15,9 @@ from ..core.memory import register_cap, release_dependents, row_head_tile, step_
 from ..core.ring import fmt_code, shift_and_commit, state_args
 from ..core.state_io import load_cols, load_rows, row_scales, split_dot, write_state
 from ..core.sums import log_decay_suffixes, unit_lower_inverse
+from ..core.target import Target
 from ..knobs import DEFAULT, resolve_pdl, split_terms, verify_chunk, verify_precision
+from ..tuning import table_for
 from ..tuning.rules import verify_maxnreg_default
 from .flush import _recompute_u
 from .launch import ring_args
@@ -269,17 +271,20 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
         raise ValueError("slots must be int32")
     if block_v < 16:
         raise ValueError(f"block_v must be >= 16, got {block_v}")
+    table = table_for(Target.of(q.device))
     src = cache.read if cache.read is not None else cache.ckpt
     act = {q.dtype, k.dtype, cache.ring["k"].dtype}
     KC = verify_chunk(K, chunk)
-    prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
-    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is DEFAULT else maxnreg)
+    prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32,
+                            table=table)
+    cap = register_cap(verify_maxnreg_default(Bsz, table=table) if maxnreg is DEFAULT
+                       else maxnreg)
     o = torch.empty(Bsz, T, HV, V, device=q.device, dtype=torch.float32)
     BV = min(block_v, max(16, triton.next_power_of_2(V)))
     TB2, LB = max(16, triton.next_power_of_2(2 * T)), max(16, triton.next_power_of_2(cache.capacity))
     kd = torch.empty(Bsz, HK, TB2 * LB + TB2 * TB2, device=q.device, dtype=torch.float32)
     kr = cache.ring["k"]
-    use_pdl = bool(pdl) and resolve_pdl(pdl, q.device)
+    use_pdl = bool(pdl) and resolve_pdl(pdl, q.device, table=table)
     _gdn_verify_prep_kernel[(Bsz, HK)](q, k, slots, kr, slot_stride(kr), cache.cursor, kd,
                                        T=T, TB2=TB2, HK=HK, K=K, CAP=cache.capacity, LB=LB, KC=KC,
                                        PREC=prec, PDL=use_pdl, num_warps=1)

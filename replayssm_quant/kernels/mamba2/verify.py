@@ -16,7 +16,9 @@ from ..core.memory import register_cap, release_dependents, row_head_tile, step_
 from ..core.ring import fmt_code, shift_and_commit, state_args
 from ..core.state_io import load_cols, load_rows, row_scales, split_dot, write_state
 from ..core.sums import log_decay_suffixes
+from ..core.target import Target
 from ..knobs import DEFAULT, resolve_pdl, split_terms, verify_chunk, verify_precision
+from ..tuning import table_for
 from ..tuning.mamba2_rules import verify_block
 from ..tuning.rules import verify_maxnreg_default
 from .launch import check_inputs
@@ -234,20 +236,23 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     for name, t in (("x", x), ("dt", dt), ("Bm", Bm), ("C", C)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    block_p = block_p or verify_block(P)
+    table = table_for(Target.of(x.device))
+    block_p = block_p or verify_block(P, table=table)
     if block_p < 16:
         raise ValueError(f"block_p must be >= 16, got {block_p}")
     src = cache.read if cache.read is not None else cache.ckpt
     act = {C.dtype, Bm.dtype, cache.ring["B"].dtype}
     KC = verify_chunk(N, chunk)
-    prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32)
-    cap = register_cap(verify_maxnreg_default(Bsz) if maxnreg is DEFAULT else maxnreg)
+    prec = verify_precision(dot_precision, act.pop() if len(act) == 1 else torch.float32,
+                            table=table)
+    cap = register_cap(verify_maxnreg_default(Bsz, table=table) if maxnreg is DEFAULT
+                       else maxnreg)
     y = torch.empty(Bsz, T, H, P, device=x.device, dtype=torch.float32)
     xr, dtr, Br = cache.ring["x"], cache.ring["dt"], cache.ring["B"]
     BP = min(block_p, max(16, triton.next_power_of_2(P)))
     TB, LB = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(cache.capacity))
     cb = torch.empty(Bsz, G, TB * LB + TB * TB, device=x.device, dtype=torch.float32)
-    use_pdl = bool(pdl) and resolve_pdl(pdl, x.device)
+    use_pdl = bool(pdl) and resolve_pdl(pdl, x.device, table=table)
     _mamba2_verify_prep_kernel[(Bsz, G)](Bm, C, slots, Br, slot_stride(Br), cache.cursor, cb,
                                          T=T, TB=TB, G=G, N=N, CAP=cache.capacity, LB=LB, KC=KC,
                                          PREC=prec, PDL=use_pdl, num_warps=1)

@@ -13,10 +13,6 @@ from .choice import Choice
 
 HOPPER: dict[str, Choice] = {
     # ---------------------------------------------------------------- shared by both kinds
-    "load.stream_hint": Choice(
-        "evict_first",
-        "1d673c0: tune_decode, batch 256: GDN fp8 non-flush 93.6 -> 85.3 us (Qwen3.5-4B); on other loads "
-        "1.3-2.6% slower"),
     "prep.one_wave": Choice(
         2048,
         "a076965: tune_decode batch 256-512: products launch 8.4 -> 7.0 / 14.5 -> 9.4 us (Qwen3.5)"),
