@@ -16,15 +16,19 @@ string separate its fields with ``;`` or ``|``, e.g. ``config=ckpt=fp32;read=nvf
 
 Every generation is logged (:attr:`ReplaySSMLM.generation_log`) with its finish reason, so
 answers cut off by ``max_gen_toks`` are counted as such instead of scored as finished ones.
+Each entry also keeps the text and a key over prompt and generation kwargs
+(:func:`generation_key`), so a later run of the same (task, config) with more items can pass the
+log back (``reuse=``) and generate only the requests it has not answered before.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (registers lm-eval's own backends before ours)
@@ -41,6 +45,7 @@ __all__ = [
     "DEFAULT_MAX_GEN_TOKS",
     "ReplaySSMLM",
     "Responder",
+    "generation_key",
     "VLLMUnavailable",
     "parse_config_arg",
     "vllm_available",
@@ -59,6 +64,13 @@ decode path (tests plant known answers this way); ``None`` lets the model genera
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def generation_key(context: str, gen_kwargs: dict[str, Any]) -> str:
+    """What makes two generation requests the same request: the prompt and its generation
+    kwargs (key-sorted JSON), hashed."""
+    text = json.dumps([context, gen_kwargs], sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def parse_config_arg(value: str | PrecisionConfig) -> PrecisionConfig:
@@ -89,6 +101,7 @@ class ReplaySSMLM(TemplateLM):
         add_bos_token: bool = False,
         responder: Responder | None = None,
         progress: Callable[[int, int], None] | None = None,
+        reuse: Iterable[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -125,6 +138,7 @@ class ReplaySSMLM(TemplateLM):
         self.responder = responder
         self.progress = progress
         self.generation_log: list[dict[str, Any]] = []
+        self.reuse = {e["key"]: e for e in reuse or () if "key" in e and "text" in e}
 
     @staticmethod
     def _batch(batch_size: int | str | None) -> int:
@@ -201,15 +215,31 @@ class ReplaySSMLM(TemplateLM):
     # ----------------------------------------------------------------------- generation
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy generation per request, batched among requests with identical
-        ``gen_kwargs`` (longest prompts first, so a batch's padding stays small)."""
+        ``gen_kwargs`` (longest prompts first, so a batch's padding stays small).
+
+        A request whose key (:func:`generation_key`) is among the ``reuse`` entries is answered
+        with the stored text and its log entry copied (``"reused": true``); only the rest are
+        generated. Greedy decoding makes this exact up to batch composition: a prompt decoded
+        in another batch sees other padding, which can move float results by rounding.
+        """
         out: list[str | None] = [None] * len(requests)
         groups: dict[str, list[int]] = defaultdict(list)
         args = [req.args for req in requests]
-        for i, (_, gk) in enumerate(args):
-            groups[json.dumps(gk, sort_keys=True, default=str)].append(i)
-        encoded = [self.tok_encode(ctx) for ctx, _ in args]
+        keys = [generation_key(ctx, gk) for ctx, gk in args]
         done = 0
         total = len(requests)
+        for i, (_, gk) in enumerate(args):
+            old = self.reuse.get(keys[i])
+            if old is not None:
+                out[i] = old["text"]
+                self.generation_log.append(old | {"reused": True})
+                self.cache_hook.add_partial("generate_until", args[i], old["text"])
+                done += 1
+            else:
+                groups[json.dumps(gk, sort_keys=True, default=str)].append(i)
+        if done and self.progress is not None:
+            self.progress(done, total)
+        encoded = {i: self.tok_encode(args[i][0]) for idx in groups.values() for i in idx}
         eos = self._real_eos()
         eos_text = None if eos is None else self.tok_decode([eos])
         for idx in groups.values():
@@ -228,12 +258,13 @@ class ReplaySSMLM(TemplateLM):
                 for j, (i, g) in enumerate(zip(batch, gens, strict=True)):
                     out[i] = g.text
                     self.generation_log.append({
-                        "prompt_hash": hash_string(args[i][0]),
+                        "key": keys[i], "prompt_hash": hash_string(args[i][0]),
                         "prompt_tokens": g.prompt_tokens, "gen_tokens": len(g.tokens),
                         "finish": g.finish, "truncated": g.truncated, "stop": g.stop,
                         "max_gen_toks": max_gen, "until": until,
                         "config": str(self.cfg),
                         "forced": forced is not None and forced[j] is not None,
+                        "reused": False, "text": g.text,
                     })
                     self.cache_hook.add_partial("generate_until", args[i], g.text)
                 done += len(batch)
@@ -250,7 +281,7 @@ class ReplaySSMLM(TemplateLM):
             out.append(None if text is None else self.tok_encode(text, False))
         return out
 
-    def _generate_batch(self, batch: list[int], encoded: list[list[int]], until: list[str],
+    def _generate_batch(self, batch: list[int], encoded: dict[int, list[int]], until: list[str],
                         max_gen: int, do_sample: bool, temperature: float,
                         forced: list[list[int] | None] | None) -> list[Generation]:
         prompts = []

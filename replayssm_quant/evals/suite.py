@@ -12,12 +12,15 @@ Output folder (``out``, one model; the task ``summary.json`` schema of
     runs/<task>/<config>/
         results.json                   lm-eval's results (samples stripped) + run settings
         samples/<subtask>.jsonl        lm-eval's per-sample logs
-        generations.jsonl              the backend's generation log (finish reason, truncation)
+        generations.jsonl              the backend's generation log (finish reason, truncation,
+                                       text, and a key over prompt + generation kwargs)
         items.parquet                  this run's per-item table
         run.json                       completion marker, written last
 
 A (task, config) whose ``run.json`` holds the same settings is not run again; every file is
 written to a temporary name and renamed, so an interrupted run leaves no half-written result.
+A run redone with another ``limit`` (all other settings equal) answers the requests its previous
+run already generated from that run's ``generations.jsonl`` and generates only the new ones.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "run_suite",
     "slug",
     "summarize",
+    "write_summary",
 ]
 
 REFERENCE = "fp32"
@@ -198,7 +202,8 @@ def _config_list(configs: Sequence[str | PrecisionConfig]) -> list[PrecisionConf
 
 
 def _make_lm(settings: SuiteSettings, cfg: PrecisionConfig, loaded: dict[str, Any],
-             progress: SuiteProgress, responder: Callable | None) -> Any:
+             progress: SuiteProgress, responder: Callable | None,
+             reuse: list[dict[str, Any]] | None = None) -> Any:
     if settings.backend == "vllm":
         from ..models.fixture import FIXTURES, fixture_path
         from .lm_backend import vllm_lm
@@ -216,9 +221,30 @@ def _make_lm(settings: SuiteSettings, cfg: PrecisionConfig, loaded: dict[str, An
     lm = ReplaySSMLM(pretrained=loaded["model"], tokenizer=loaded["tokenizer"], config=cfg,
                      seed=settings.seed, batch_size=settings.batch_size,
                      max_gen_toks=settings.max_gen_toks, responder=responder,
-                     progress=progress.requests)
+                     progress=progress.requests, reuse=reuse)
     lm.model_name = settings.model
     return lm
+
+
+def _previous_generations(rdir: Path, key: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generation log of the finished run in ``rdir`` when it differs from ``key`` in
+    ``limit`` alone (same model, config, seed, data, backend ...): its answers can be reused."""
+    try:
+        done = json.loads((rdir / "run.json").read_text()).get("settings") or {}
+        lines = (rdir / "generations.jsonl").read_text().splitlines()
+    except (OSError, ValueError):
+        return []
+    want = _finite(json.loads(json.dumps(key)))
+    if {k: v for k, v in done.items() if k != "limit"} != {
+            k: v for k, v in want.items() if k != "limit"}:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
 
 
 def _strip_samples(res: dict[str, Any]) -> dict[str, Any]:
@@ -227,12 +253,16 @@ def _strip_samples(res: dict[str, Any]) -> dict[str, Any]:
 
 def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgress | None = None,
               responder: Callable[[str, dict], str | None] | None = None,
-              task_manager: Any = None, resamples: int = 10_000) -> SuiteResult:
+              task_manager: Any = None, resamples: int = 10_000,
+              cache: dict[str, Any] | None = None, summary: bool = True) -> SuiteResult:
     """Run every (task, config) of ``settings`` not already done in ``out``, then write
     ``items.parquet`` and ``summary.json`` over all finished runs of the model.
 
     ``responder`` forces continuations (tests); ``task_manager`` reuses an lm-eval
-    ``TaskManager`` (building one indexes every stock task, ~10 s).
+    ``TaskManager`` (building one indexes every stock task, ~10 s); ``cache`` (a dict the
+    caller keeps) holds the loaded model and task managers across calls; ``summary=False``
+    leaves the folder's ``items.parquet`` and ``summary.json`` to a later
+    :func:`write_summary`.
     """
     out = Path(out)
     progress = progress or SuiteProgress()
@@ -250,7 +280,9 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
     if generated:
         include = str(out / "tasks")
     _check_model(out, settings.model)
-    loaded: dict[str, Any] = {}
+    loaded: dict[str, Any] = cache if cache is not None else {}
+    tm_key = f"task_manager:{include}:{not all(is_generated(s) for s in specs)}"
+    task_manager = task_manager or loaded.get(tm_key)
     result = SuiteResult(out, {}, pd.DataFrame())
     total = len(specs) * len(configs)
     index = 0
@@ -276,10 +308,11 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
             if task_manager is None:  # indexing every stock task takes ~10 s: only if needed
                 from lm_eval.tasks import TaskManager
 
-                task_manager = TaskManager(  # generated tasks alone need no stock index
+                task_manager = loaded[tm_key] = TaskManager(  # generated tasks alone: no stock index
                     include_path=include,
                     include_defaults=not all(is_generated(s) for s in specs))
-            lm = _make_lm(settings, cfg, loaded, progress, responder)
+            lm = _make_lm(settings, cfg, loaded, progress, responder,
+                          _previous_generations(rdir, key))
             res = shape_results(spec, run_task(
                 lm, names[spec.key], task_manager=task_manager,
                 max_gen_toks=None if spec.key == "ruler" else settings.max_gen_toks,
@@ -309,14 +342,24 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
             result.ran.append((spec.key, cfg.label))
             progress.run_finished(spec.key, cfg.label, brief, False, seconds)
             del lm
-    result.items = load_items(out)
-    result.summary = summarize(out, settings, resamples=resamples)
-    _atomic_parquet(out / "items.parquet", result.items)
+    if summary:
+        result.items, result.summary = write_summary(out, settings, resamples=resamples)
+    return result
+
+
+def write_summary(out: str | Path, settings: SuiteSettings | None = None, *,
+                  resamples: int = 10_000) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Write ``items.parquet`` and ``summary.json`` over every finished run under ``out``
+    (with the sha256 of each parquet file); returns both."""
+    out = Path(out)
+    items = load_items(out)
+    summary = summarize(out, settings, resamples=resamples)
+    _atomic_parquet(out / "items.parquet", items)
     runs = [str((Path(m["_dir"]) / "items.parquet").relative_to(out)) for m in _markers(out)
             if (Path(m["_dir"]) / "items.parquet").is_file()]
-    result.summary["files"] = file_records(out, ["items.parquet", *runs])
-    _atomic_json(out / "summary.json", result.summary)
-    return result
+    summary["files"] = file_records(out, ["items.parquet", *runs])
+    _atomic_json(out / "summary.json", summary)
+    return items, summary
 
 
 def _check_model(out: Path, model: str) -> None:
