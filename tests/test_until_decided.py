@@ -92,3 +92,85 @@ def test_larger_limit_generates_only_new_prompts(tmp_path):
     run_suite(other, out, progress=plan, responder=plan.respond, resamples=100,
               cache=cache)
     assert len(plan.calls) == 5
+
+
+class _Tracking(SuiteProgress):
+    """Passes the CLI's progress through and tells ``plan`` which config is running."""
+
+    def __init__(self, inner, plan: Planted) -> None:
+        self.inner, self.plan = inner, plan
+
+    def run_started(self, task, config, index, total):
+        self.plan.config = config
+        self.inner.run_started(task, config, index, total)
+
+    def requests(self, done, total):
+        self.inner.requests(done, total)
+
+    def run_finished(self, *args):
+        self.inner.run_finished(*args)
+
+
+def _cli(out, *extra):
+    from typer.testing import CliRunner
+
+    from replayssm_quant.cli.app import app
+
+    return CliRunner().invoke(app, [
+        "eval", MODEL, "--tasks", "carry_chain", "--carry-terms", str(TERMS), "-c",
+        f"{SAME},{CONTROL}", "--max-gen-toks", "64", "--out", str(out), "--resamples", "200",
+        *extra])
+
+
+def test_until_decided_end_to_end(tmp_path, monkeypatch):
+    """fp32 and nvfp4-read/fp32 answer right (pass), shared-nvfp4 answers wrong (fail): both
+    are decided before the cap, with fewer generations than the fixed-n run, and recommend
+    reads the folder."""
+    import replayssm_quant.evals.suite as suite
+    from replayssm_quant.recommend import recommend
+    from replayssm_quant.results import Budget, load_results
+
+    plan = Planted(wrong=(CONTROL,))
+    real = suite.run_suite
+    monkeypatch.setattr(suite, "run_suite", lambda settings, out, *, progress=None, **kw: real(
+        settings, out, progress=_Tracking(progress, plan), **(kw | {"responder": plan.respond})))
+    out = tmp_path / "ev"
+    args = ("--until-decided", "--round", "8", "--limit", "40", "--budget-points", "30")
+    r = _cli(out, *args)
+    assert r.exit_code == 0, r.output
+    assert "carry_chain × shared-nvfp4: fail at n=16 items" in r.output
+    assert "carry_chain × nvfp4-read/fp32: pass at n=24 items" in r.output
+    assert "generations: 64 used, 120 for the fixed-n run (47% saved)" in r.output
+    assert len(plan.calls) == 64  # every item generated once: 24 + 24 + 16
+    seq = json.loads((out / "sequential.json").read_text())
+    rows = seq["tasks"]["carry_chain"]["configs"]
+    assert rows[CONTROL]["verdict"] == "fail" and rows[CONTROL]["n"] == 16
+    assert rows[SAME]["verdict"] == "pass" and [h["n"] for h in rows[SAME]["history"]] == [
+        8, 16, 24]
+    assert rows[SAME]["lo"] > -0.3 and rows[CONTROL]["hi"] < -0.3
+    assert seq["generations"]["used"] == 64 and seq["generations"]["fixed_n"] == 120
+    summary = json.loads((out / "summary.json").read_text())
+    n = {x["name"]: x["n"] for x in summary["results"]}
+    assert n == {"fp32": 24, SAME: 24, CONTROL: 16}
+    rec = recommend(load_results([out]).model(), Budget.from_mapping(
+        {"require_drift": False, "max_accuracy_drop": 30, "max_kl": None,
+         "min_same_top1": None}))
+    verdicts = {c.name: c.verdict for c in rec.candidates}
+    assert verdicts[CONTROL] == "rejected" and verdicts[SAME] != "rejected"
+    # rerunning the command continues: nothing is generated again
+    again = _cli(out, *args)
+    assert again.exit_code == 0, again.output
+    assert len(plan.calls) == 64
+    assert "carry_chain × shared-nvfp4: fail at n=16 items" in again.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--round", "0", "--limit", "10"], "--round must be >= 1"),
+    (["--round", "20", "--limit", "10"], "must be >= --round"),
+    (["--limit", "40", "--alpha", "1.5"], "--alpha must lie in (0, 1)"),
+    ([], "--until-decided needs --limit"),
+])
+def test_until_decided_argument_errors(tmp_path, args, message):
+    r = _cli(tmp_path / "ev", "--until-decided", *args)
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert r.output.count("\n") <= 2

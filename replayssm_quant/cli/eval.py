@@ -18,6 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..precision import split_configs
+from ..results.budget import Budget
 from .console import fitted_columns, print_table
 from .errors import BadInput, check_in_path, check_out_dir, fail
 
@@ -164,6 +165,51 @@ def _check_inputs(model: str, specs: list[Any], data: Path | None, out: Path) ->
                        "HF_DATASETS_OFFLINE=1 to use the datasets cache")
 
 
+def _sequential_plan(on: bool, cap: int | float | None, round_size: int,
+                     budget_points: float, alpha: float) -> Any:
+    """The checked ``--until-decided`` plan (None without the flag)."""
+    if not on:
+        return None
+    from ..evals.until_decided import SequentialPlan
+
+    if cap is None or cap < 1:
+        raise ValueError("--until-decided needs --limit N (items per subtask at most, an "
+                         "integer)")
+    return SequentialPlan(round_size=round_size, cap=int(cap), budget_points=budget_points,
+                          alpha=alpha)
+
+
+def _decision_line(task: str, config: str, d: Any, budget_points: float) -> str:
+    bounds = ("–" if not math.isfinite(d.lo) else
+              f"{100 * d.lo:+.1f}…{100 * d.hi:+.1f}")
+    delta = "–" if not math.isfinite(d.delta) else f"{100 * d.delta:+.1f}"
+    return (f"{task} × {config}: {d.verdict} at n={d.n} items (Δ {delta} pts, confidence "
+            f"sequence {bounds} pts; budget -{budget_points:g})")
+
+
+def _run_until_decided(settings: Any, out: Path, plan: Any, resamples: int, tracker: Any,
+                       console: Console) -> None:
+    from ..evals.tasks import TaskDataError
+    from ..evals.until_decided import FILE, run_until_decided
+
+    def announce(task: str, config: str, d: Any) -> None:
+        console.print(_decision_line(task, config, d, plan.budget_points), markup=False,
+                      highlight=False, soft_wrap=True)
+
+    try:
+        result = run_until_decided(settings, out, plan, progress=tracker, resamples=resamples,
+                                   on_decision=announce)
+    except (TaskDataError, ValueError, OSError) as e:
+        raise fail(e) from None
+    finally:
+        tracker.stop()
+    _print_summary(Console(), result.summary)
+    g = result.generations
+    console.print(f"generations: {g['used']} used, {g['fixed_n']} for the fixed-n run "
+                  f"({100 * g['saved']:.0f}% saved)")
+    console.print(f"wrote {out}/summary.json, {out}/items.parquet, {out}/{FILE} and runs/")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_(
@@ -214,8 +260,21 @@ def register(app: typer.Typer) -> None:
                  "niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, "
                  "niah_multiquery.")] = None,
         carry_terms: Annotated[int, typer.Option(
-            help="carry_chain difficulty: numbers summed per problem (48: ~1,250-token "
+            help="carry_chain difficulty: steps of the table walk (48: ~1,500-token "
                  "solutions).")] = 48,
+        until_decided: Annotated[bool, typer.Option(
+            "--until-decided",
+            help="Add items in rounds of --round per subtask and stop each config once its "
+                 "paired accuracy difference from fp32 is decided against --budget-points "
+                 "(anytime-valid betting confidence sequence; docs/probes.md); --limit is the "
+                 "cap. Writes sequential.json beside summary.json.")] = False,
+        round_size: Annotated[int, typer.Option(
+            "--round", help="--until-decided: items added per subtask per round.")] = 20,
+        budget_points: Annotated[float, typer.Option(
+            help="--until-decided: the accuracy drop allowed, in points (the recommender's "
+                 "max_accuracy_drop).")] = Budget.max_accuracy_drop,
+        alpha: Annotated[float, typer.Option(
+            help="--until-decided: error rate of the decisions, in (0, 1).")] = 0.05,
     ) -> None:
         """Run the task suite under each config and compare every config with the FP32
         reference on identical items: accuracy with CI, paired difference with a bootstrap
@@ -249,6 +308,7 @@ def register(app: typer.Typer) -> None:
                 if limit <= 0:
                     raise ValueError("--limit must be > 0")
                 lim = int(limit) if limit >= 1 else float(limit)
+            plan = _sequential_plan(until_decided, lim, round_size, budget_points, alpha)
         except ValueError as e:
             raise fail(e) from None
         _check_inputs(model, specs, data, out)
@@ -266,6 +326,9 @@ def register(app: typer.Typer) -> None:
         n_cfg = len({str(c) for c in [PRESETS["fp32"], *cfgs]})
         tracker = _Progress(Progress(*columns, console=console, transient=False)
                             if console.is_terminal else None, console, len(specs) * n_cfg)
+        if plan is not None:
+            _run_until_decided(settings, out, plan, resamples, tracker, console)
+            return
         try:
             result = run_suite(settings, out, resamples=resamples, progress=tracker)
         except (TaskDataError, ValueError, OSError) as e:
