@@ -8,10 +8,11 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["file_records"]
+__all__ = ["file_records", "sha256_of"]
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks (the writers record it, the readers check it)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -28,5 +29,5 @@ def file_records(folder: Path, names: Iterable[str]) -> dict[str, dict]:
     for name in names:
         path = folder / name
         rows = pq.read_metadata(path).num_rows if path.suffix == ".parquet" else None
-        out[name] = {"rows": rows, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        out[name] = {"rows": rows, "bytes": path.stat().st_size, "sha256": sha256_of(path)}
     return out

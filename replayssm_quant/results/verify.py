@@ -9,24 +9,16 @@ the row count, and a file that does not match is a :class:`ResultsError` naming 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from ..evals.records import sha256_of
 from .errors import ResultsError
 
 __all__ = ["RERUN", "sha256_of", "verify_files"]
 
 RERUN = {"drift": "replayssm-quant drift", "tasks": "replayssm-quant eval"}
 """The command that writes each kind of folder (what to rerun when a file is damaged)."""
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _parquet_rows(path: Path) -> int:
