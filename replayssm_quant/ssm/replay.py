@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import torch
 
@@ -29,6 +30,8 @@ from ..precision import PrecisionConfig, parse_config
 __all__ = [
     "ACT_DTYPES",
     "ReplayState",
+    "StoredRows",
+    "assign_slots",
     "check_row_length",
     "check_slots",
     "check_tensor",
@@ -36,6 +39,7 @@ __all__ = [
     "load_state",
     "read_checkpoint",
     "read_source",
+    "select_slots",
     "suffix_sums",
     "write_checkpoint",
 ]
@@ -208,7 +212,16 @@ def common_fields(cfg: PrecisionConfig, num_slots: int, layer: int, seed: int,
 
 
 # ---------------------------------------------------------------------------------- state I/O
-def _qt_select(q: QTensor, slots: torch.Tensor) -> QTensor:
+class StoredRows(Protocol):
+    """What a stored state holds per slot: :class:`QTensor`, or the vLLM page's state tensors."""
+
+    data: torch.Tensor
+    row_scale: torch.Tensor | None
+    block_scale: torch.Tensor | None
+
+
+def select_slots(q: QTensor, slots: torch.Tensor) -> QTensor:
+    """The rows of ``slots`` (data and scales) as a :class:`QTensor` of the same format."""
     return QTensor(
         q.fmt, q.data[slots],
         None if q.row_scale is None else q.row_scale[slots],
@@ -216,7 +229,8 @@ def _qt_select(q: QTensor, slots: torch.Tensor) -> QTensor:
     )
 
 
-def _qt_assign(dst: QTensor, slots: torch.Tensor, src: QTensor) -> None:
+def assign_slots(dst: StoredRows, slots: torch.Tensor, src: QTensor) -> None:
+    """Write ``src`` (data and scales) into the rows of ``slots`` of ``dst``."""
     dst.data[slots] = src.data
     if dst.row_scale is not None:
         dst.row_scale[slots] = src.row_scale
@@ -226,13 +240,13 @@ def _qt_assign(dst: QTensor, slots: torch.Tensor, src: QTensor) -> None:
 
 def read_checkpoint(state: ReplayState, slots: torch.Tensor) -> torch.Tensor:
     """fp32 value of the checkpoint of ``slots``: what flushes fold into."""
-    return dequantize(_qt_select(state.ckpt, slots))
+    return dequantize(select_slots(state.ckpt, slots))
 
 
 def read_source(state: ReplayState, slots: torch.Tensor) -> torch.Tensor:
     """fp32 value non-flush steps read: the read copy if there is one, else the checkpoint."""
     q = state.read if state.read is not None else state.ckpt
-    return dequantize(_qt_select(q, slots))
+    return dequantize(select_slots(q, slots))
 
 
 def write_checkpoint(state: ReplayState, slots: torch.Tensor, s_new: torch.Tensor) -> None:
@@ -246,9 +260,9 @@ def write_checkpoint(state: ReplayState, slots: torch.Tensor, s_new: torch.Tenso
                           flush_index=state.flush_index[slots], half=half_words(cfg.ckpt))
     q = quantize(s_new, cfg.ckpt, cfg.ckpt_rounding, r)
     state.nan_count += q.nan_count
-    _qt_assign(state.ckpt, slots, q)
+    assign_slots(state.ckpt, slots, q)
     if cfg.read is not None:
-        _qt_assign(state.read, slots, quantize(dequantize(q), cfg.read, "rn"))
+        assign_slots(state.read, slots, quantize(dequantize(q), cfg.read, "rn"))
 
 
 def load_state(state: ReplayState, slots: torch.Tensor, s: torch.Tensor) -> None:

@@ -26,6 +26,7 @@ from ..kernels import gdn as gdn_kernels
 from ..kernels import mamba2 as mamba2_kernels
 from ..kernels.core.cache import ReplayCache, StateTensors
 from ..precision import PrecisionConfig
+from ..ssm.replay import assign_slots, select_slots
 from .layout import PageLayout
 
 __all__ = [
@@ -79,23 +80,14 @@ def cache_from_page(layout: PageLayout, pages: torch.Tensor, cfg: PrecisionConfi
                        ring, cursor, flush_index, nan_count, layout.capacity, layer, seed)
 
 
-def _select(st: StateTensors, slots: torch.Tensor) -> QTensor:
-    return QTensor(canonical_format(st.fmt), st.data[slots],
-                   None if st.row_scale is None else st.row_scale[slots],
-                   None if st.block_scale is None else st.block_scale[slots])
-
-
-def _assign(st: StateTensors, slots: torch.Tensor, q: QTensor) -> None:
-    st.data[slots] = q.data
-    if st.row_scale is not None:
-        st.row_scale[slots] = q.row_scale
-    if st.block_scale is not None:
-        st.block_scale[slots] = q.block_scale
+def _as_qtensor(st: StateTensors) -> QTensor:
+    """The page's state tensors as the reference's :class:`QTensor` (no copy)."""
+    return QTensor(canonical_format(st.fmt), st.data, st.row_scale, st.block_scale)
 
 
 def dequantize_checkpoint(cache: ReplayCache, slots: torch.Tensor) -> torch.Tensor:
     """fp32 value of the checkpoint of ``slots``."""
-    return dequantize(_select(cache.ckpt, slots.long()))
+    return dequantize(select_slots(_as_qtensor(cache.ckpt), slots.long()))
 
 
 def reference_view(cache: ReplayCache):
@@ -105,9 +97,7 @@ def reference_view(cache: ReplayCache):
     from ..ssm.mamba2 import Mamba2State
 
     def qt(st: StateTensors | None) -> QTensor | None:
-        if st is None:
-            return None
-        return QTensor(canonical_format(st.fmt), st.data, st.row_scale, st.block_scale)
+        return None if st is None else _as_qtensor(st)
 
     n = cache.cursor.shape[0]
     device = cache.cursor.device
@@ -158,9 +148,9 @@ def refresh_after_prefill(cache: ReplayCache, slots: torch.Tensor, state: torch.
         r = state_sr_bits(tuple(state.shape), cache.seed, cache.layer, sequence=slots,
                           flush_index=torch.zeros_like(slots), half=half_words(cfg.ckpt))
     q = quantize(state, cfg.ckpt, cfg.ckpt_rounding, r)
-    _assign(cache.ckpt, slots, q)
+    assign_slots(cache.ckpt, slots, q)
     if cache.read is not None:
-        _assign(cache.read, slots, quantize(dequantize(q), cfg.read, "rn"))
+        assign_slots(cache.read, slots, quantize(dequantize(q), cfg.read, "rn"))
     cache.cursor[slots] = 0
     cache.flush_index[slots] = 0
     cache.nan_count += q.nan_count.to(cache.nan_count.dtype)
