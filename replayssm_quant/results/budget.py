@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .criteria import Check, Criteria
-from .errors import InputError
+from .errors import InputError, read_yaml
 from .evidence import Evidence
 
 __all__ = ["DEFAULT_BUDGET", "DROP_LABEL", "Budget"]
@@ -135,15 +135,8 @@ class Budget:
 
     @classmethod
     def from_yaml(cls, path: str | Path, base: Budget | None = None) -> Budget:
-        import yaml
-
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text())
-        except OSError as e:
-            raise InputError(f"{p}: cannot read the budget: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise InputError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        data = read_yaml(p, "budget", InputError, lambda message: message.splitlines()[0])
         if data is None:
             data = {}
         if not isinstance(data, Mapping):

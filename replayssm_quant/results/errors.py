@@ -4,9 +4,11 @@ all at once instead of stopping at the first."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["InputError", "PolicyError", "ResultsError"]
+__all__ = ["InputError", "PolicyError", "ResultsError", "read_yaml"]
 
 
 class ResultsError(ValueError):
@@ -27,3 +29,17 @@ class InputError(ValueError):
 
 class PolicyError(ValueError):
     """A policy file the gate cannot use; one line per problem."""
+
+
+def read_yaml(path: Path, what: str, error: type[ValueError],
+              yaml_problem: Callable[[str], str]) -> Any:
+    """The parsed YAML of ``path`` (a budget or a policy); a file that cannot be read or parsed
+    is one ``error`` naming the file (``yaml_problem`` shortens the parser's message)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not valid YAML: {yaml_problem(str(e))}") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .criteria import BOUND_KEYS, DRIFT_METRICS, RELATIVE_KEYS, TASK_METRICS, Check, Criteria
-from .errors import PolicyError
+from .errors import PolicyError, read_yaml
 from .evidence import Evidence
 from .model import config_key
 
@@ -181,13 +181,5 @@ def _evidence(raw: Any, problems: list[str]) -> Evidence:
 
 
 def load_policy(path: str | Path) -> Criteria:
-    import yaml
-
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise PolicyError(f"{p}: cannot read the policy: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise PolicyError(f"{p}: not valid YAML: {' '.join(str(e).split())}") from None
-    return parse_policy(data, p)
+    return parse_policy(read_yaml(p, "policy", PolicyError, lambda message: " ".join(message.split())), p)
