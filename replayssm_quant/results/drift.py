@@ -10,7 +10,7 @@ from typing import Any
 from ..precision import PrecisionConfig, parse_config
 from .errors import ResultsError
 from .model import DRIFT_REQUIRED_STATS, BucketSpec, DriftConfig, DriftResults, DriftStats, Issue
-from .reading import num, opt_int, read_json, shape_from
+from .reading import list_or_empty, num, opt_int, read_json, shape_from
 
 __all__ = ["load_drift"]
 
@@ -54,10 +54,8 @@ def load_drift(path: str | Path, raw: dict | None = None) -> DriftResults:
         problems.append(f"{where}: 'model' must be a non-empty string")
         model = "?"
     specs: list[BucketSpec] = []
-    buckets = obj.get("buckets")
-    if not isinstance(buckets, list):
-        problems.append(f"{where}: 'buckets' must be a list of {{bucket, lo, hi}}")
-        buckets = []
+    buckets = list_or_empty(obj.get("buckets"), f"{where}: 'buckets' must be a list of {{bucket, lo, hi}}",
+                            problems)
     for i, b in enumerate(buckets):
         try:
             specs.append(BucketSpec(str(b["bucket"]), int(b["lo"]), int(b["hi"])))
@@ -102,10 +100,7 @@ def load_drift(path: str | Path, raw: dict | None = None) -> DriftResults:
             overall = _stats(overall_raw, f"{cw} overall", problems, issues, "all", None, None,
                              canon)
         blocks: list[DriftStats] = []
-        braw = c.get("buckets")
-        if not isinstance(braw, list):
-            problems.append(f"{cw}: 'buckets' must be a list")
-            braw = []
+        braw = list_or_empty(c.get("buckets"), f"{cw}: 'buckets' must be a list", problems)
         for j, b in enumerate(braw):
             if not isinstance(b, dict) or not isinstance(b.get("bucket"), str):
                 problems.append(f"{cw}: buckets[{j}] must be an object with a 'bucket' label")

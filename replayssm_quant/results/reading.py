@@ -65,3 +65,12 @@ def opt_int(obj: dict, key: str, where: str, problems: list[str]) -> int | None:
         return None
     return v
 
+
+
+def list_or_empty(value: Any, problem: str, problems: list[str]) -> list:
+    """``value`` when it is a list; else ``[]``, with ``problem`` recorded (the loader goes on,
+    so every problem of a file is reported at once)."""
+    if isinstance(value, list):
+        return value
+    problems.append(problem)
+    return []
