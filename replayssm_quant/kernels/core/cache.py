@@ -85,22 +85,34 @@ class ReplayCache:
         return out
 
 
+def _ring_capacity(cfg: PrecisionConfig, spec_tokens: int) -> int:
+    """Records a slot's ring holds: a window of L plus the drafts (none for L = 1 without)."""
+    return cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+
+
+def _new_cache(cfg: PrecisionConfig, kind: str, slots: int, heads: int, rows: int, d: int,
+               ring: dict[str, torch.Tensor], cap: int, device, layer: int, seed: int) -> ReplayCache:
+    """A cache around ``ring``: a fresh checkpoint (and read copy when the config has one) of
+    ``heads`` x ``rows`` x ``d`` per slot, and zeroed counters."""
+    return ReplayCache(
+        cfg, kind, alloc_state(cfg.ckpt.name, slots, heads, rows, d, device),
+        alloc_state(cfg.read.name, slots, heads, rows, d, device) if cfg.read else None,
+        ring, torch.zeros(slots, dtype=torch.int32, device=device),
+        torch.zeros(slots, dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device), cap, layer, seed)
+
+
 def alloc_mamba2_cache(cfg: PrecisionConfig, slots: int, heads: int, head_dim: int, d_state: int,
                        groups: int, *, spec_tokens: int = 0, act_dtype=torch.bfloat16,
                        device="cuda", layer: int = 0, seed: int = 0) -> ReplayCache:
     """Allocate a Mamba-2 replay cache (ring capacity L + spec_tokens; none for L = 1)."""
-    cap = cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+    cap = _ring_capacity(cfg, spec_tokens)
     ring = {
         "x": torch.zeros(slots, heads, max(cap, 1), head_dim, dtype=act_dtype, device=device),
         "dt": torch.zeros(slots, heads, max(cap, 1), dtype=torch.float32, device=device),
         "B": torch.zeros(slots, groups, max(cap, 1), d_state, dtype=act_dtype, device=device),
     }
-    return ReplayCache(
-        cfg, "mamba2", alloc_state(cfg.ckpt.name, slots, heads, head_dim, d_state, device),
-        alloc_state(cfg.read.name, slots, heads, head_dim, d_state, device) if cfg.read else None,
-        ring, torch.zeros(slots, dtype=torch.int32, device=device),
-        torch.zeros(slots, dtype=torch.int32, device=device),
-        torch.zeros(1, dtype=torch.int32, device=device), cap, layer, seed)
+    return _new_cache(cfg, "mamba2", slots, heads, head_dim, d_state, ring, cap, device, layer, seed)
 
 
 def alloc_gdn_cache(cfg: PrecisionConfig, slots: int, v_heads: int, d_v: int, d_k: int,
@@ -108,7 +120,7 @@ def alloc_gdn_cache(cfg: PrecisionConfig, slots: int, v_heads: int, d_v: int, d_
                     device="cuda", layer: int = 0, seed: int = 0) -> ReplayCache:
     """Allocate a GDN replay cache; u is kept in fp32 (it feeds the recurrence unless the
     flush recomputes it), v and beta only when the flush recomputes u."""
-    cap = cfg.L + spec_tokens if cfg.L > 1 or spec_tokens else 0
+    cap = _ring_capacity(cfg, spec_tokens)
     c = max(cap, 1)
     ring = {
         "k": torch.zeros(slots, k_heads, c, d_k, dtype=act_dtype, device=device),
@@ -118,12 +130,7 @@ def alloc_gdn_cache(cfg: PrecisionConfig, slots: int, v_heads: int, d_v: int, d_
     if cfg.recompute_u:
         ring["v"] = torch.zeros(slots, v_heads, c, d_v, dtype=act_dtype, device=device)
         ring["beta"] = torch.zeros(slots, v_heads, c, dtype=torch.float32, device=device)
-    return ReplayCache(
-        cfg, "gdn", alloc_state(cfg.ckpt.name, slots, v_heads, d_v, d_k, device),
-        alloc_state(cfg.read.name, slots, v_heads, d_v, d_k, device) if cfg.read else None,
-        ring, torch.zeros(slots, dtype=torch.int32, device=device),
-        torch.zeros(slots, dtype=torch.int32, device=device),
-        torch.zeros(1, dtype=torch.int32, device=device), cap, layer, seed)
+    return _new_cache(cfg, "gdn", slots, v_heads, d_v, d_k, ring, cap, device, layer, seed)
 
 
 def slot_stride(t: torch.Tensor | None) -> int:
