@@ -27,6 +27,7 @@ from .replay import (
     as_config,
     check_act_dtype,
     check_common,
+    check_flush_position,
     check_row_length,
     check_slots,
     check_tensor,
@@ -34,6 +35,7 @@ from .replay import (
     common_fields,
     empty_checkpoints,
     expand_heads,
+    fill_rows,
     load_state,
     positions,
     read_checkpoint,
@@ -341,10 +343,7 @@ def conventional_step(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torc
     if state.cfg.L != 1:
         raise ValueError(f"conventional_step needs a config with L=1, got L={state.cfg.L}")
     inp = _inputs(state, q, k, v, g, beta, slots, None)
-    o = _out(state, slots.numel())
-    if inp.rows.numel():
-        o[inp.rows] = _conventional_rows(state, inp)
-    return o
+    return fill_rows(_out(state, slots.numel()), inp.rows, lambda: _conventional_rows(state, inp))
 
 
 def nonflush_step(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -353,12 +352,8 @@ def nonflush_step(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     appends its record; never writes the state. Every row must have ``cursor < L - 1``."""
     state = _check_state(state)
     inp = _inputs(state, q, k, v, g, beta, slots, None)
-    if bool((state.cursor[inp.slots] >= state.cfg.L - 1).any()):
-        raise ValueError("nonflush_step: a row is at its flush position (cursor == L-1)")
-    o = _out(state, slots.numel())
-    if inp.rows.numel():
-        o[inp.rows] = _nonflush_rows(state, inp)
-    return o
+    check_flush_position(state, inp.slots, at_flush=False)
+    return fill_rows(_out(state, slots.numel()), inp.rows, lambda: _nonflush_rows(state, inp))
 
 
 def flush(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -369,12 +364,8 @@ def flush(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     ``cursor == L - 1``."""
     state = _check_state(state)
     inp = _inputs(state, q, k, v, g, beta, slots, None)
-    if bool((state.cursor[inp.slots] != state.cfg.L - 1).any()):
-        raise ValueError("flush: every row must be at its flush position (cursor == L-1)")
-    o = _out(state, slots.numel())
-    if inp.rows.numel():
-        o[inp.rows] = _flush_rows(state, inp)
-    return o
+    check_flush_position(state, inp.slots, at_flush=True)
+    return fill_rows(_out(state, slots.numel()), inp.rows, lambda: _flush_rows(state, inp))
 
 
 def decode_step(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -24,6 +24,7 @@ from .replay import (
     as_config,
     check_act_dtype,
     check_common,
+    check_flush_position,
     check_row_length,
     check_slots,
     check_tensor,
@@ -31,6 +32,7 @@ from .replay import (
     common_fields,
     empty_checkpoints,
     expand_heads,
+    fill_rows,
     load_state,
     positions,
     read_checkpoint,
@@ -291,10 +293,7 @@ def conventional_step(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: 
     if state.cfg.L != 1:
         raise ValueError(f"conventional_step needs a config with L=1, got L={state.cfg.L}")
     inp = _inputs(state, x, dt, A, Bm, C, D, slots, None)
-    y = _out(state, slots.numel())
-    if inp.rows.numel():
-        y[inp.rows] = _conventional_rows(state, inp)
-    return y
+    return fill_rows(_out(state, slots.numel()), inp.rows, lambda: _conventional_rows(state, inp))
 
 
 def nonflush_step(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
@@ -306,12 +305,8 @@ def nonflush_step(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: torc
     """
     state = _check_state(state)
     inp = _inputs(state, x, dt, A, Bm, C, D, slots, None)
-    if bool((state.cursor[inp.slots] >= state.cfg.L - 1).any()):
-        raise ValueError("nonflush_step: a row is at its flush position (cursor == L-1)")
-    y = _out(state, slots.numel())
-    if inp.rows.numel():
-        y[inp.rows] = _nonflush_rows(state, inp)
-    return y
+    check_flush_position(state, inp.slots, at_flush=False)
+    return fill_rows(_out(state, slots.numel()), inp.rows, lambda: _nonflush_rows(state, inp))
 
 
 def flush(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
@@ -322,12 +317,8 @@ def flush(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     checkpoint and read copy. Every row must have ``cursor == L - 1``."""
     state = _check_state(state)
     inp = _inputs(state, x, dt, A, Bm, C, D, slots, None)
-    if bool((state.cursor[inp.slots] != state.cfg.L - 1).any()):
-        raise ValueError("flush: every row must be at its flush position (cursor == L-1)")
-    y = _out(state, slots.numel())
-    if inp.rows.numel():
-        y[inp.rows] = _flush_rows(state, inp)
-    return y
+    check_flush_position(state, inp.slots, at_flush=True)
+    return fill_rows(_out(state, slots.numel()), inp.rows, lambda: _flush_rows(state, inp))
 
 
 def decode_step(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,

@@ -32,10 +32,12 @@ __all__ = [
     "ReplayState",
     "StoredRows",
     "assign_slots",
+    "check_flush_position",
     "check_row_length",
     "check_slots",
     "check_tensor",
     "commit_records",
+    "fill_rows",
     "load_state",
     "read_checkpoint",
     "read_source",
@@ -236,6 +238,25 @@ def assign_slots(dst: StoredRows, slots: torch.Tensor, src: QTensor) -> None:
         dst.row_scale[slots] = src.row_scale
     if dst.block_scale is not None:
         dst.block_scale[slots] = src.block_scale
+
+
+def check_flush_position(state: ReplayState, slots: torch.Tensor, *, at_flush: bool) -> None:
+    """A flush needs every row at its flush position (``cursor == L - 1``), a non-flush step
+    every row before it."""
+    cursor = state.cursor[slots]
+    if at_flush:
+        if bool((cursor != state.cfg.L - 1).any()):
+            raise ValueError("flush: every row must be at its flush position (cursor == L-1)")
+    elif bool((cursor >= state.cfg.L - 1).any()):
+        raise ValueError("nonflush_step: a row is at its flush position (cursor == L-1)")
+
+
+def fill_rows(out: torch.Tensor, rows: torch.Tensor, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``out`` with its ``rows`` set to ``compute()``; nothing is computed when no row is a real
+    slot (all padding)."""
+    if rows.numel():
+        out[rows] = compute()
+    return out
 
 
 def read_checkpoint(state: ReplayState, slots: torch.Tensor) -> torch.Tensor:
