@@ -43,7 +43,7 @@ from .knobs import (
     records_fold,
     resolve_pdl,
 )
-from .tuning import table_for
+from .tuning import Table, table_for
 from .tuning.gdn_rules import (
     gdn_flush_knobs,
     gdn_flush_maxnreg_default,
@@ -313,6 +313,15 @@ def step_plan(shape, cfg, batch: int, target: Target | str | torch.device = "h20
                          batch, target, step_knobs, ring_dtype=act_dtype, ckpt_data=ckpt_data)
 
 
+def _target_table(target: object, knobs: StepKnobs, groups: int, what: str) -> tuple[Target, Table]:
+    """A planner's first steps, the same for both ops: the target, its GPU family's table, and
+    the check of ``prep_groups`` against the layer's ``groups`` (named ``what``)."""
+    target = Target.of(target)
+    table = table_for(target)
+    check_prep_groups(knobs.prep_groups, groups, what)
+    return target, table
+
+
 def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: int,
                      target: Target | torch.device, knobs: Mamba2Knobs = MAMBA2_DEFAULTS, *,
                      ring_dtype: torch.dtype = torch.bfloat16,
@@ -323,9 +332,7 @@ def mamba2_step_plan(cfg, capacity: int, H: int, P: int, N: int, G: int, batch: 
     launch. ``ring_dtype`` (B's) picks the flush's default products, ``ckpt_data`` lets the
     flush check that TMA can address the checkpoint (``plan.step_plan`` prints one)."""
     k = knobs
-    target = Target.of(target)
-    table = table_for(target)
-    check_prep_groups(k.prep_groups, G, "groups")
+    target, table = _target_table(target, k, G, "groups")
     fmaxnreg = k.given_flush_maxnreg
     src = cfg.read or cfg.ckpt
     mode = nvfp4_decode_of(k.nvfp4_decode, table["mamba2.nvfp4_decode"].value)
@@ -426,9 +433,7 @@ def gdn_step_plan(cfg, capacity: int, HV: int, HK: int, V: int, K: int, batch: i
     here, before any launch. ``ring_dtype`` (the keys') picks the flush's default products,
     ``ckpt_data`` lets the flush check that TMA can address the checkpoint."""
     k = knobs
-    target = Target.of(target)
-    table = table_for(target)
-    check_prep_groups(k.prep_groups, HK, "key heads")
+    target, table = _target_table(target, k, HK, "key heads")
     fmaxnreg = k.given_flush_maxnreg
     src = cfg.read or cfg.ckpt
     # checked whatever the source
