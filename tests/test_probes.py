@@ -304,3 +304,15 @@ def test_probe_training_packs_completions(tokenizer):
     assert 2 * 1000 < int(mask.sum()) < 2 * 1600 and mask[0] == 0
     first = next(s for s in pool.seqs if (ids[: len(s)] == s).all())
     assert mask[len(first) - 1] == 1 and ids[len(first) - 1] == tokenizer.eos_token_id
+
+
+def test_ruler_items_pair_by_their_index_within_a_length():
+    """lm-eval numbers a subtask's items across all its lengths; pairing runs of different
+    --limit needs the generator's index within each length."""
+    from replayssm_quant.evals.ruler import split_by_length
+
+    samples = [{"doc_id": i, "doc": {"max_length": length, "index": i % 3}, str(length): 1.0}
+               for i, length in enumerate([512] * 3 + [1024] * 3)]
+    out = split_by_length({"samples": {"niah_single_1": samples}})["samples"]
+    assert sorted(out) == ["niah_single_1@1024", "niah_single_1@512"]
+    assert [s["doc_id"] for s in out["niah_single_1@1024"]] == [0, 1, 2]

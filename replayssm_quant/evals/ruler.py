@@ -376,13 +376,16 @@ def split_by_length(results: dict[str, Any]) -> dict[str, Any]:
     """lm-eval's results with the logged samples regrouped per (subtask, length) as
     ``<subtask>@<length>`` (the paired statistics key items by (subtask, doc_id)) and each
     sample's score at its own length copied to ``score`` (the stock metric is named after
-    the length)."""
+    the length). ``doc_id`` becomes the generator's index within its length: lm-eval counts
+    through every length of a subtask, so its ids at the second length would shift with the
+    item count and runs of different ``--limit`` would not pair."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for task_name, samples in (results.get("samples") or {}).items():
         key = subtask_key(task_name)
         for s in samples:
             length = int(s["doc"]["max_length"])
-            grouped.setdefault(f"{key}@{length}", []).append(s | {"score": s[str(length)]})
+            own = {"score": s[str(length)], "doc_id": int(s["doc"].get("index", s["doc_id"]))}
+            grouped.setdefault(f"{key}@{length}", []).append(s | own)
     return results | {"samples": grouped}
 
 
