@@ -219,8 +219,8 @@ def register(app: typer.Typer) -> None:
                  "random:<model_type>.")],
         tasks: Annotated[str, typer.Option(
             help="Comma-separated: gpqa_diamond, mmlu_pro, math_l5, and the generated probes "
-                 "ruler (lm-eval's RULER at --context-lengths) and carry_chain (a 1,000+ token "
-                 "running sum in MATH's answer format; docs/probes.md).")] = DEFAULT_TASKS,
+                 "ruler (lm-eval's RULER at --context-lengths) and carry_chain (a table walk "
+                 "of 1,000+ generated tokens in MATH's answer format; docs/probes.md).")] = DEFAULT_TASKS,
         configs: Annotated[list[str] | None, typer.Option(
             "--configs", "-c",
             help="Precision configs (presets or 'ckpt=..,read=..,L=..'), comma-separated or "
@@ -277,8 +277,9 @@ def register(app: typer.Typer) -> None:
             help="--until-decided: error rate of the decisions, in (0, 1).")] = 0.05,
     ) -> None:
         """Run the task suite under each config and compare every config with the FP32
-        reference on identical items: accuracy with CI, paired difference with a bootstrap
-        CI, McNemar p, flip, truncation and invalid-answer rates."""
+        reference on identical items: accuracy with CI, the paired difference with Tango's
+        score interval (valid at small n), McNemar p, flip, truncation and invalid-answer
+        rates. Exit 2 on bad input."""
         from ..evals.suite import SuiteSettings, run_suite
         from ..evals.tasks import TaskDataError, resolve_tasks
         from ..precision import PRESETS, parse_config
