@@ -26,7 +26,7 @@ def _root() -> None:
 
 
 # Subcommand modules; each defines `register(app)`.
-_COMMANDS = ("configs", "plan", "drift", "eval", "recommend", "report", "gate")
+_COMMANDS = ("configs", "plan", "drift", "eval", "sweep", "recommend", "report", "gate")
 
 
 def _load() -> None:

@@ -210,6 +210,19 @@ def _run_until_decided(settings: Any, out: Path, plan: Any, resamples: int, trac
     console.print(f"wrote {out}/summary.json, {out}/items.parquet, {out}/{FILE} and runs/")
 
 
+def _device_map_text(spec: str) -> str:
+    """A checked ``--device-map`` as the device string the model loader takes
+    (``load_model`` reads a strategy name or JSON object there as a device map)."""
+    import json
+
+    from ..models.loading import parse_device_map
+
+    dmap = parse_device_map(spec)
+    if isinstance(dmap, dict):
+        return json.dumps(dmap)
+    return "balanced" if dmap == "auto" else dmap
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_(
@@ -245,9 +258,21 @@ def register(app: typer.Typer) -> None:
                  "kernels on CUDA); vllm: lm-eval's vLLM backend with the ReplaySSM "
                  "plugin.")] = "hf",
         device: Annotated[str, typer.Option(help="hf backend device.")] = "cpu",
+        device_map: Annotated[str | None, typer.Option(
+            "--device-map",
+            help="hf backend: spread the model's layers over several GPUs: auto or balanced, "
+                 "sequential, or a JSON object / .json file of module name -> device (every "
+                 "SSM layer decodes on its own GPU). Replaces --device; for vllm use "
+                 "--tensor-parallel-size. docs/multi-gpu.md.")] = None,
         dtype: Annotated[str, typer.Option(
             help="Compute dtype: float32, bfloat16, float16 (vllm: also auto).")] = "float32",
         batch_size: Annotated[int, typer.Option(help="Sequences decoded together.")] = 8,
+        tensor_parallel_size: Annotated[int, typer.Option(
+            help="vllm backend: GPUs one copy of the model is split over (for a model that "
+                 "does not fit one GPU).")] = 1,
+        data_parallel_size: Annotated[int, typer.Option(
+            help="vllm backend: copies of the model, each on its own GPU(s), sharing the "
+                 "requests (needs ray).")] = 1,
         resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
         context_lengths: Annotated[str, typer.Option(
             help="ruler: comma-separated context lengths in tokens of the model's tokenizer "
@@ -299,6 +324,17 @@ def register(app: typer.Typer) -> None:
                 if not vllm_available():
                     raise ValueError("--backend vllm needs vLLM, which is not installed "
                                      "(pip install 'replayssm-quant[vllm]')")
+            if tensor_parallel_size < 1 or data_parallel_size < 1:
+                raise ValueError("--tensor-parallel-size and --data-parallel-size must be >= 1")
+            if backend != "vllm" and (tensor_parallel_size, data_parallel_size) != (1, 1):
+                raise ValueError("--tensor-parallel-size and --data-parallel-size need "
+                                 "--backend vllm")
+            placement = device
+            if device_map is not None:
+                if backend != "hf":
+                    raise ValueError("--device-map needs --backend hf (vllm: "
+                                     "--tensor-parallel-size)")
+                placement = _device_map_text(device_map)
             if dtype not in ("float32", "bfloat16", "float16", "auto") or (
                     dtype == "auto" and backend == "hf"):
                 raise ValueError(f"unsupported --dtype {dtype!r}")
@@ -319,8 +355,9 @@ def register(app: typer.Typer) -> None:
         settings = SuiteSettings(
             model=model, tasks=tuple(s.key for s in specs), configs=tuple(cfg_list), limit=lim,
             max_gen_toks=max_gen_toks, seed=seed, data=str(data.resolve()) if data else None,
-            backend=backend, dtype=dtype, device=device, batch_size=batch_size,
-            context_lengths=lengths, ruler_subtasks=subtasks, carry_terms=carry_terms)
+            backend=backend, dtype=dtype, device=placement, batch_size=batch_size,
+            context_lengths=lengths, ruler_subtasks=subtasks, carry_terms=carry_terms,
+            tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
         _quiet()
         columns = (*fitted_columns(console.width, 24), MofNCompleteColumn(),
                    TimeElapsedColumn())

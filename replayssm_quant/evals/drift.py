@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from ..models.forward import decoder_hidden_states, lm_head_logits
-from ..models.loading import load_model
+from ..models.loading import load_model, module_device, output_device
 from ..models.patch import patch_model
 from ..models.registry import architecture, model_shape
 from ..precision import PRESETS, PrecisionConfig, parse_config
@@ -128,9 +128,9 @@ def token_metrics(model: torch.nn.Module, h_ref: torch.Tensor, h_cand: torch.Ten
     out = {k: [] for k in ("kl", "same_top1", "dp", "nll_ref", "nll")}
     for s in range(0, n, step):
         e = min(n, s + step)
-        y = targets[s:e].to(h_ref.device)[:, None]
         lr = _log_probs(model, h_ref[s:e], "reference", s, positions)
         lc = _log_probs(model, h_cand[s:e], what, s, positions)
+        y = targets[s:e].to(lr.device)[:, None]
         kl = (lr.exp() * (lr - lc)).sum(-1)
         lr_y, lc_y = lr.gather(-1, y)[:, 0], lc.gather(-1, y)[:, 0]
         out["kl"].append(kl.cpu())
@@ -270,6 +270,9 @@ def run_drift(
     pg19_split: str = PG19_SPLIT,
     progress: DriftProgress | None = None,
     strict: bool = False,
+    device_map: str | dict | None = None,
+    select: Sequence[int] | None = None,
+    pairs_only: bool = False,
 ) -> DriftResult:
     """Measure the teacher-forced KL drift of ``configs`` on ``data``.
 
@@ -279,7 +282,17 @@ def run_drift(
     :func:`~replayssm_quant.evals.data.load_documents` or ready documents. With ``out`` every
     result is written there and a rerun resumes; without it nothing touches the disk.
     ``strict``: documents shorter than ``max_tokens`` (or fewer than ``docs``) are an error
-    rather than a warning.
+    rather than a warning. ``device_map`` (a name only; see
+    :func:`~replayssm_quant.models.loading.parse_device_map`) spreads the model's layers over
+    several GPUs: each SSM layer emulates on its own layer's device, and the LM head and KL
+    run where the final hidden states are.
+
+    For a sweep, where several processes fill one ``out`` folder: ``select`` runs only these
+    indexes of the loaded documents (the same documents as a full run, so the same files);
+    ``pairs_only`` writes the (document, config) pair files and the references only, leaving
+    the aggregate files to one later full call, and leaves other processes' temporary files
+    alone. Its result has empty tables; ``files`` maps ``"<doc_id> <config>"`` to each pair
+    file it computed now.
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
@@ -289,7 +302,7 @@ def run_drift(
     if isinstance(model_or_name, str):
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-        model, tok = load_model(model_or_name, device=dev, dtype=dt)
+        model, tok = load_model(model_or_name, device=dev, dtype=dt, device_map=device_map)
         name = model_name or model_or_name
     else:
         model, tok = model_or_name, tokenizer
@@ -298,7 +311,10 @@ def run_drift(
     architecture(model)
     shape = model_shape(model, name)
     model.eval()
-    dev = next(model.parameters()).device
+    # under a device map the tokens enter at the embedding and the reference lives where the
+    # decoder's final hidden states come out (one device otherwise: the model's)
+    in_dev = module_device(model.get_input_embeddings())
+    out_dev = output_device(model)
 
     if isinstance(data, str):
         if tok is None:
@@ -312,11 +328,17 @@ def run_drift(
         if not documents:
             raise ValueError(f"no document has the {prefill + 2} tokens needed")
         data_label = "documents"
+    if select is not None:
+        if any(i < 0 or i >= len(documents) for i in select):
+            raise ValueError(f"document index out of range: {list(select)} of "
+                             f"{len(documents)} document(s)")
+        documents = [documents[i] for i in select]
 
     out_dir = Path(out).expanduser() if out is not None else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _clean_temporaries(out_dir)
+        if not pairs_only:
+            _clean_temporaries(out_dir)
     fingerprint = _model_fingerprint(model)
 
     pairs: list[_Pair] = []
@@ -341,6 +363,7 @@ def run_drift(
         else:
             todo.setdefault(pair.doc.doc_id, []).append(pair)
     decays: dict[str, dict] = {}
+    written: dict[str, Path] = {}
     for doc in documents:
         d = _load_decay(out_dir, doc_keys[doc.doc_id])
         if d is not None:
@@ -355,9 +378,11 @@ def run_drift(
         key = doc_keys[doc.doc_id]
         missing = todo.get(doc.doc_id, [])
         if not missing and doc.doc_id in decays:
+            if out_dir is not None and not keep_reference and not pairs_only:
+                (out_dir / "reference" / f"{key}.pt").unlink(missing_ok=True)
             continue
-        ids = doc.tokens.to(dev)
-        ref = _load_reference(out_dir, key, dev)
+        ids = doc.tokens.to(in_dev)
+        ref = _load_reference(out_dir, key, out_dev)
         if ref is None:
             try:
                 ref = _run_reference(model, ids, prefill, reference,
@@ -395,12 +420,16 @@ def run_drift(
             })
             if pair.path is not None:
                 _atomic_write(pair.path, lambda p, f=frame: f.to_parquet(p, index=False))
+                written[f"{doc.doc_id} {label}"] = pair.path
             results[(doc.doc_id, label)] = frame
             if progress is not None:
                 progress.advance(len(doc), f"{name} · {doc.name} · {label}")
         if out_dir is not None and not keep_reference:
             (out_dir / "reference" / f"{key}.pt").unlink(missing_ok=True)
 
+    if pairs_only:
+        return DriftResult(name, [c.label for c in cfgs], pd.DataFrame(), pd.DataFrame(), {},
+                           out_dir, written)
     max_len = max(len(d) for d in documents)
     buckets = log_buckets(prefill, max_len - 1)
     per_doc, pooled = _aggregate(documents, cfgs, results, buckets)

@@ -142,6 +142,10 @@ class SuiteSettings:
     context_lengths: tuple[int, ...] = DEFAULT_CONTEXT_LENGTHS
     ruler_subtasks: tuple[str, ...] | None = None
     carry_terms: int = 48
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    """vllm backend: GPUs per model copy (tensor parallel) and model copies (data parallel);
+    they change where the work runs, not the results, so they are no part of a run's key."""
 
     def generated(self) -> GeneratedSettings:
         """The settings of the generated tasks (RULER, carry_chain)."""
@@ -210,7 +214,9 @@ def _make_lm(settings: SuiteSettings, cfg: PrecisionConfig, loaded: dict[str, An
 
         path = str(fixture_path(settings.model)) if settings.model in FIXTURES else settings.model
         return vllm_lm(path, cfg, seed=settings.seed, max_gen_toks=settings.max_gen_toks,
-                       dtype="auto" if settings.dtype == "auto" else settings.dtype)
+                       dtype="auto" if settings.dtype == "auto" else settings.dtype,
+                       tensor_parallel_size=settings.tensor_parallel_size,
+                       data_parallel_size=settings.data_parallel_size)
     from .lm_backend import _DTYPES, ReplaySSMLM
 
     if "model" not in loaded:
