@@ -136,6 +136,13 @@ def register(app: typer.Typer) -> None:
                  "pairs.")] = Path("replayssm-drift"),
         device: Annotated[str, typer.Option(
             help="auto (CUDA if present), cpu, cuda or cuda:N.")] = "auto",
+        device_map: Annotated[str | None, typer.Option(
+            "--device-map",
+            help="Spread each model's layers over several GPUs (a model too large for one): "
+                 "auto or balanced (even split, whole layers per GPU), sequential, or a JSON "
+                 "object / .json file of module name -> device, e.g. "
+                 "'{\"model.embeddings\": 0, \"model.layers.0\": 0, \"lm_head\": 1}'. "
+                 "Replaces --device; docs/multi-gpu.md.")] = None,
         dtype: Annotated[str, typer.Option(
             help="Model compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
                  "bfloat16, float16. SSM states are emulated per config either way.")] = "auto",
@@ -172,7 +179,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from ..evals.drift import run_drift
-        from ..models.loading import check_model
+        from ..models.loading import check_model, parse_device_map
 
         err = Console(stderr=True)
         console = Console()
@@ -197,6 +204,7 @@ def register(app: typer.Typer) -> None:
         try:
             dev = _device(device)
             dt = _dtype(dtype, dev)
+            dmap = None if device_map is None else parse_device_map(device_map)
         except ValueError as e:
             raise fail(e) from None
         if threads or not dev.startswith("cuda"):
@@ -217,6 +225,7 @@ def register(app: typer.Typer) -> None:
                               prefill=prefill, seed=seed, out=folder, device=dev, dtype=dt,
                               reference=reference, keep_reference=keep_reference,
                               pg19_repo=pg19_repo, pg19_split=pg19_split, strict=strict,
+                              device_map=dmap,
                               progress=(_RichProgress(progress, name) if err.is_terminal
                                         else PlainProgressLines(err, name)))
                 results.append((r, time.perf_counter() - t1))

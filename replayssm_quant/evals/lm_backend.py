@@ -12,7 +12,8 @@ together with ``tokenizer``), ``config`` (preset or config string; inside a ``mo
 string separate its fields with ``;`` or ``|``, e.g. ``config=ckpt=fp32;read=nvfp4;L=16``),
 ``seed``, ``device``, ``dtype``, ``batch_size``, ``max_gen_toks``, ``max_length``, ``kernels``
 (``auto``/``reference``/``triton``), ``clamp_dt`` (see :class:`ReplayDecoder`),
-``add_bos_token``.
+``add_bos_token``, ``device_map`` (``balanced`` or a JSON map: the layers spread over several
+GPUs, each SSM layer's replay state and kernels on its own layer's GPU).
 
 Every generation is logged (:attr:`ReplaySSMLM.generation_log`) with its finish reason, so
 answers cut off by ``max_gen_toks`` are counted as such instead of scored as finished ones.
@@ -97,6 +98,7 @@ class ReplaySSMLM(TemplateLM):
         max_length: int | None = None,
         kernels: str = "auto",
         clamp_dt: bool = False,
+        device_map: str | dict | None = None,
         tokenizer: Any = None,
         add_bos_token: bool = False,
         responder: Responder | None = None,
@@ -121,10 +123,11 @@ class ReplaySSMLM(TemplateLM):
             if dtype not in _DTYPES:
                 raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
             model, tok = load_model(str(pretrained), device=device or "cpu",
-                                    dtype=_DTYPES[dtype])
+                                    dtype=_DTYPES[dtype], device_map=device_map)
             tokenizer = tokenizer or tok
             name = str(pretrained)
-        if device is not None and torch.device(device) != next(model.parameters()).device:
+        if device is not None and device_map is None and \
+                torch.device(device) != next(model.parameters()).device:
             model.to(device)
         self.model = model
         self.model_name = name

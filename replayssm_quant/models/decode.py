@@ -30,6 +30,7 @@ from ..precision import PrecisionConfig, parse_config
 from ..ssm import gdn as ref_gdn
 from ..ssm import mamba2 as ref_mamba2
 from ..ssm.replay import ACT_DTYPES, ReplayState, load_state
+from .loading import module_device
 from .patch import gdn_l2norm
 from .registry import SSMLayer, architecture, ssm_layers
 
@@ -148,12 +149,15 @@ class _Session:
         D32 = None if D is None else (D[:, 0] if D.dim() == 2 else D).float().contiguous()
         slots = self._slots_for(layer)
         if self.decoder.use_kernels:
+            from ..kernels.dispatch import on_device
             from ..kernels.mamba2 import mamba2_decode_step
 
             act = rs.act_dtype
-            y = mamba2_decode_step(self._kernel_cache(layer), hidden_states.to(act).contiguous(),
-                                   dt32, A32, B.to(act).contiguous(), C.contiguous(), D32,
-                                   slots.to(torch.int32))
+            with on_device(rs.cursor):
+                y = mamba2_decode_step(self._kernel_cache(layer),
+                                       hidden_states.to(act).contiguous(), dt32, A32,
+                                       B.to(act).contiguous(), C.contiguous(), D32,
+                                       slots.to(torch.int32))
         else:
             y = ref_mamba2.decode_step(rs, hidden_states, dt32, A32, B, C, D32, slots)
         if z is not None:
@@ -184,12 +188,14 @@ class _Session:
         b32 = beta[:, 0].float().contiguous()
         slots = self._slots_for(layer)
         if self.decoder.use_kernels:
+            from ..kernels.dispatch import on_device
             from ..kernels.gdn import gdn_decode_step
 
             act = rs.act_dtype
-            o = gdn_decode_step(self._kernel_cache(layer), q.contiguous(),
-                                k.to(act).contiguous(), v.to(act).contiguous(), g32, b32,
-                                slots.to(torch.int32))
+            with on_device(rs.cursor):
+                o = gdn_decode_step(self._kernel_cache(layer), q.contiguous(),
+                                    k.to(act).contiguous(), v.to(act).contiguous(), g32, b32,
+                                    slots.to(torch.int32))
         else:
             o = ref_gdn.decode_step(rs, q, k, v, g32, b32, slots)
         return o[:, None].to(query.dtype), initial_state
@@ -229,6 +235,10 @@ class ReplayDecoder:
         if backend not in ("auto", "reference", "triton"):
             raise ValueError(f"backend must be auto, reference or triton, got {backend!r}")
         self.device = next(model.parameters()).device
+        # each layer's replay state lives where its mixer runs (several GPUs under a device
+        # map); the logits come out wherever the LM head is
+        self.layer_devices = {s.layer: module_device(s.module) for s in self.layers}
+        self.head_device = module_device(model.get_output_embeddings())
         self.use_kernels = backend == "triton" or (backend == "auto" and self.device.type == "cuda")
         self._accepts = set(inspect.signature(model.forward).parameters)
         # Mamba2ForCausalLM names its cache ``cache_params``; the hybrids ``past_key_values``
@@ -248,11 +258,11 @@ class ReplayDecoder:
             if s.kind == "mamba2":
                 states[s.layer] = ref_mamba2.init_mamba2_state(
                     cfg, batch, s.heads, s.head_dim, s.d_state, s.groups, layer=s.layer,
-                    seed=self.seed, act_dtype=act, device=self.device)
+                    seed=self.seed, act_dtype=act, device=self.layer_devices[s.layer])
             else:
                 states[s.layer] = ref_gdn.init_gdn_state(
                     cfg, batch, s.heads, s.head_dim, s.d_state, s.groups, layer=s.layer,
-                    seed=self.seed, act_dtype=act, device=self.device)
+                    seed=self.seed, act_dtype=act, device=self.layer_devices[s.layer])
         return _Session(self, states, torch.arange(batch, device=self.device))
 
     def _load_prefill(self, session: _Session, cache: Any) -> None:
@@ -262,8 +272,8 @@ class ReplayDecoder:
             if s.kind == "gdn":  # HF keeps (B, Hv, K, V); the replay state rows are (V, K)
                 S = S.transpose(-1, -2)
             rs = session.states[s.layer]
-            slots = torch.arange(rs.num_slots, device=self.device)
-            load_state(rs, slots, S.float().contiguous())
+            slots = torch.arange(rs.num_slots, device=rs.device)
+            load_state(rs, slots, S.float().to(rs.device).contiguous())
 
     # -- forward
     def _forward(self, session: _Session, input_ids: torch.Tensor,
@@ -325,6 +335,7 @@ class ReplayDecoder:
                 step = 0
                 while True:
                     tok, keep = feed(logits, rows, step)
+                    tok, keep = tok.to(self.device), keep.to(self.device)
                     if step + 1 >= max_steps or not bool(keep.any()):
                         break
                     if not bool(keep.all()):
@@ -393,7 +404,7 @@ class ReplayDecoder:
         tail = max((len(s) for s in stop), default=0) + 4
         gen = None
         if do_sample:
-            gen = torch.Generator(device=self.device)
+            gen = torch.Generator(device=self.head_device)
             gen.manual_seed(self.seed if sample_seed is None else int(sample_seed))
 
         def feed(logits: torch.Tensor, rows: torch.Tensor, step: int):
