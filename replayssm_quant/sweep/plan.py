@@ -279,8 +279,9 @@ def _check_names(plan: Plan, source: str) -> None:
     for m in plan.models:
         try:
             check_model(m.name)
-        except Exception as e:  # ModelUnavailable, UnsupportedArchitecture
-            raise PlanError(f"{source}: model {m.name}: {e}") from None
+            _check_hub_model(m.name)
+        except Exception as e:  # ModelUnavailable, UnsupportedArchitecture, hub errors
+            raise PlanError(f"{source}: model {m.name}: {' '.join(str(e).split())}") from None
     for section, name in ((plan.drift, "drift"), (plan.eval, "eval")):
         if section is None:
             continue
@@ -295,6 +296,28 @@ def _check_names(plan: Plan, source: str) -> None:
             resolve_tasks(list(plan.eval.tasks))
         except ValueError as e:
             raise PlanError(f"{source}: eval.tasks: {e}") from None
+
+
+def _check_hub_model(name: str) -> None:
+    """A hub id's config, from the hub or its cache (offline): a typo would otherwise surface in
+    every unit, after Ray started. Fixtures, local folders and random: models pass."""
+    from types import SimpleNamespace
+
+    from ..models.fixture import FIXTURES
+    from ..models.registry import architecture
+
+    if name in FIXTURES or name.startswith("random:") or Path(name).expanduser().exists():
+        return
+    import json
+
+    from huggingface_hub import hf_hub_download
+
+    try:
+        config = json.loads(Path(hf_hub_download(name, "config.json")).read_text())
+    except Exception as e:  # noqa: BLE001 - any hub error means the model cannot be loaded
+        raise PlanError(f"not a bundled fixture, local folder or reachable hub model "
+                        f"({type(e).__name__})") from None
+    architecture(SimpleNamespace(model_type=config.get("model_type")))
 
 
 # ----------------------------------------------------------------------------------- expansion
