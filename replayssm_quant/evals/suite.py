@@ -113,14 +113,14 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def _finite(x: Any) -> Any:
-    """NaN -> None so summary.json is strict JSON."""
+def finite_json(x: Any) -> Any:
+    """NaN -> None so the JSON files an eval writes are strict JSON."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, list):
-        return [_finite(v) for v in x]
+        return [finite_json(v) for v in x]
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite_json(v) for k, v in x.items()}
     return x
 
 
@@ -240,7 +240,7 @@ def _previous_generations(rdir: Path, key: dict[str, Any]) -> list[dict[str, Any
         lines = (rdir / "generations.jsonl").read_text().splitlines()
     except (OSError, ValueError):
         return []
-    want = _finite(json.loads(json.dumps(key)))
+    want = finite_json(json.loads(json.dumps(key)))
     if {k: v for k, v in done.items() if k != "limit"} != {
             k: v for k, v in want.items() if k != "limit"}:
         return []
@@ -304,7 +304,7 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
                     done = json.loads(marker.read_text())
                 except (OSError, ValueError):
                     done = {}
-                if done.get("settings") == _finite(json.loads(json.dumps(key))):
+                if done.get("settings") == finite_json(json.loads(json.dumps(key))):
                     result.cached.append((spec.key, cfg.label))
                     progress.run_finished(spec.key, cfg.label, done.get("summary", {}), True,
                                           0.0)
@@ -334,14 +334,14 @@ def run_suite(settings: SuiteSettings, out: str | Path, *, progress: SuiteProgre
             meta = {"settings": key, "lm_eval_task": names[spec.key],
                     "config_name": cfg.label}
             shape = _shape(loaded.get("model"))
-            _atomic_json(rdir / "results.json", _finite(_strip_samples(res) | {"replayssm": meta}))
+            _atomic_json(rdir / "results.json", finite_json(_strip_samples(res) | {"replayssm": meta}))
             own = summarize_items(items) if len(items) else {}
             brief = {k: own.get(k) for k in ("n", "accuracy", "accuracy_raw", "truncation_rate",
                                              "invalid_rate")}
             seconds = time.time() - t0
             items_total = sum(int(v.get("original", 0))
                               for v in (res.get("n-samples") or {}).values())
-            _atomic_json(marker, _finite({
+            _atomic_json(marker, finite_json({
                 "settings": key, "summary": brief, "seconds": seconds, "finished": time.time(),
                 "lm_eval_task": names[spec.key], "subtasks": sorted(res.get("samples") or {}),
                 "items_total": items_total, "ssm_shape": shape}))
@@ -486,4 +486,4 @@ def summarize(out: str | Path, settings: SuiteSettings | None = None, *,
     }
     if shape:
         summary["ssm_shape"] = shape
-    return _finite(summary)
+    return finite_json(summary)

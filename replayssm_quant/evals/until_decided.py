@@ -215,7 +215,7 @@ def run_until_decided(settings: suite.SuiteSettings, out: str | Path, plan: Sequ
                     announced.add(cfg.label)
                     if on_decision is not None:
                         on_decision(task, cfg.label, d)
-            _write(path, _finite(state))
+            _write(path, suite.finite_json(state))
             if exhausted:
                 break
         for cfg in others:  # decided by an earlier invocation of the same plan
@@ -226,7 +226,7 @@ def run_until_decided(settings: suite.SuiteSettings, out: str | Path, plan: Sequ
                                                       _nan(row.get("lo")), _nan(row.get("hi"))))
     state["generations"] = _generation_counts(out, state, reference, others)
     state["finished"] = True
-    _write(path, _finite(state))
+    _write(path, suite.finite_json(state))
     final = replace(settings, limit=max((t["reference_n"] for t in state["tasks"].values()),
                                         default=plan.round_size))
     _, summary = suite.write_summary(out, final, resamples=resamples)
@@ -255,12 +255,3 @@ def _nan(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
-def _finite(x: Any) -> Any:
-    """NaN -> None so sequential.json is strict JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    return x
