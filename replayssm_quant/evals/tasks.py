@@ -18,6 +18,7 @@ files in the hub's schema (``dataset_path: json|parquet|csv`` + ``dataset_kwargs
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -217,7 +218,7 @@ class LocalTasks:
 
 def _dump(path: Path, cfg: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # concurrent writers never share it
     tmp.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     tmp.replace(path)
 
@@ -260,7 +261,7 @@ def _split_math(frame, out_dir: Path) -> dict[str, list[Path]]:
         if len(part):
             path = out_dir / "data" / "math" / f"{sub}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".jsonl.tmp")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             part.to_json(tmp, orient="records", lines=True, force_ascii=False)
             tmp.replace(path)
             files[sub] = [path]
