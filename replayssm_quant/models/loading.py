@@ -18,7 +18,7 @@ import torch
 
 from .fixture import FIXTURES, fixture, fixture_path
 from .registry import architecture
-from .tiny import RANDOM_PREFIX, tiny_model
+from .tiny import RANDOM_PREFIX, SHAPED_MODELS, shaped_model, tiny_model
 
 __all__ = ["DEVICE_MAP_STRATEGIES", "DeviceMapError", "ModelUnavailable", "check_model",
            "check_weights", "hub_offline", "hub_reachable", "load_model", "module_device",
@@ -92,7 +92,8 @@ def check_model(name: str) -> None:
     from types import SimpleNamespace
 
     if name.startswith(RANDOM_PREFIX):
-        architecture(SimpleNamespace(model_type=name[len(RANDOM_PREFIX):]))
+        if name[len(RANDOM_PREFIX):] not in SHAPED_MODELS:
+            architecture(SimpleNamespace(model_type=name[len(RANDOM_PREFIX):]))
         return
     if name in FIXTURES:
         try:
@@ -139,6 +140,8 @@ def load_model(name: str, *, device: str | torch.device = "cpu",
         device_map = str(device)
     if device_map is not None:
         return _load_mapped(name, parse_device_map(device_map), dtype)
+    if name.startswith(RANDOM_PREFIX) and name[len(RANDOM_PREFIX):] in SHAPED_MODELS:
+        return shaped_model(name[len(RANDOM_PREFIX):], device=device, dtype=dtype)
     if name.startswith(RANDOM_PREFIX):
         model, tokenizer = tiny_model(name[len(RANDOM_PREFIX):])
         model.to(device=device, dtype=dtype)

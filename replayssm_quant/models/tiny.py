@@ -13,7 +13,7 @@ import torch
 
 from .registry import UnsupportedArchitecture, supported_text
 
-__all__ = ["RANDOM_PREFIX", "byte_tokenizer", "tiny_model"]
+__all__ = ["RANDOM_PREFIX", "SHAPED_MODELS", "byte_tokenizer", "shaped_model", "tiny_model"]
 RANDOM_PREFIX = "random:"
 """``random:<model_type>`` names a tiny randomly initialised model of a supported architecture:
 plumbing checks that need no weights."""
@@ -81,3 +81,56 @@ def tiny_model(model_type: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
     model.eval()
     return model, byte_tokenizer()
 
+
+
+_NANO_4B_PATTERN = "M-M-M-MM-M-M*-M-M*-M-M-M*-M-M-MM*-MMM-M-M-"
+"""NVIDIA-Nemotron-3-Nano-4B's 42 layers (M = Mamba-2, - = MLP, * = attention)."""
+
+SHAPED_MODELS: dict[str, int] = {"qwen3.5-4b": 4, "nemotron-3-nano-4b": 13}
+"""``random:<name>`` models with a real model's layer shapes, and their default layer count:
+the real layer pattern up to and including its first attention layer."""
+
+
+def _shaped_config(name: str, layers: int):
+    """The Hugging Face config of ``name`` (a :data:`SHAPED_MODELS` key; its SSM layers are
+    ``precision.SHAPES[name]``) cut to the first ``layers`` layers of the real pattern."""
+    import transformers as tf
+
+    if name == "qwen3.5-4b":
+        types = (["linear_attention"] * 3 + ["full_attention"]) * 8
+        return tf.Qwen3_5TextConfig(
+            vocab_size=248320, hidden_size=2560, intermediate_size=9216,
+            num_hidden_layers=layers, layer_types=types[:layers], num_attention_heads=16,
+            num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+            linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+            linear_conv_kernel_dim=4, tie_word_embeddings=True)
+    if name == "nemotron-3-nano-4b":
+        return tf.NemotronHConfig(
+            vocab_size=131072, hidden_size=3136, intermediate_size=12544,
+            hybrid_override_pattern=_NANO_4B_PATTERN[:layers], mamba_num_heads=96,
+            mamba_head_dim=80, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=256,
+            num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+            mlp_hidden_act="relu2")
+    raise UnsupportedArchitecture(f"unknown shaped model {name!r}; known: "
+                                  f"{', '.join(SHAPED_MODELS)}")
+
+
+def shaped_model(name: str, layers: int | None = None, *, seed: int = 0,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+                 ) -> tuple[torch.nn.Module, Any]:
+    """``(model, tokenizer)``: a randomly initialised model with the real layer shapes of
+    ``name`` (``qwen3.5-4b``, ``nemotron-3-nano-4b``) and its first ``layers`` layers, built
+    directly on ``device``, so generation speed can be measured at full width without the
+    weights. The tokenizer is the byte-level one: prompts are token ids."""
+    from transformers import AutoModelForCausalLM
+
+    n = SHAPED_MODELS.get(name, 1) if layers is None else int(layers)
+    if n < 1:
+        raise ValueError(f"layers must be >= 1, got {n}")
+    config = _shaped_config(name, n)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.config.name_or_path = f"{RANDOM_PREFIX}{name}"
+    model.eval()
+    return model, byte_tokenizer()
