@@ -144,9 +144,9 @@ def _ints(text: str, what: str) -> list[int]:
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"error: --{what} takes comma-separated integers, got {text!r}") from None
+        raise ValueError(f"--{what} takes comma-separated integers, got {text!r}") from None
     if not vals or min(vals) < 1:
-        raise SystemExit(f"error: --{what} values must be >= 1, got {text!r}")
+        raise ValueError(f"--{what} values must be >= 1, got {text!r}")
     return vals
 
 
@@ -175,7 +175,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("generation-bench"), help="output folder")
     args = p.parse_args(argv)
-    args.batches = _ints(args.batch, "batch")
+    try:
+        args.batches = _ints(args.batch, "batch")
+    except ValueError as exc:
+        p.error(str(exc))
     for what in ("new_tokens", "prompt_tokens", "repeats"):
         if getattr(args, what) < 1:
             p.error(f"--{what.replace('_', '-')} must be >= 1")
