@@ -101,8 +101,8 @@ def test_decode_step_launches_its_plan(launches, kind, name, knobs):
 
 
 def test_h200_defaults_are_the_measured_ones():
-    """The plans the H200 sweeps ran (the Hopper table in kernels/tuning): batch 256 takes three launches with
-    the FP32 flush on 16-row one-warp tiles through TMA (2 stages, bf16x3 products);
+    """The plans the H200 sweeps ran (the Hopper table in kernels/tuning): batch 256 takes
+    three launches with the FP32 flush on 16-row one-warp tiles through TMA (2 stages, bf16x3 products);
     Nemotron-3-Nano's 80 rows as one 64 + 16 program per head; batch 1 is one launch."""
     p = step_plan("nemotron-3-super", "replay-fp32", 256)
     assert [ln["launch"] for ln in p.launches()] == [

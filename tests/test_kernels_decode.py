@@ -738,7 +738,7 @@ def test_persistent_grid_is_one_wave_of_resident_programs():
     """Programs per SM by the sm_90 rules: registers per warp in 256-register units from a
     sub-partition's quarter of the file (168 registers, one warp: 12; 255: 8; 160 at four
     warps: 3), threads and shared memory; an explicit ``flush_per_sm`` wins, and the
-    interpreter runs four programs (tune_r46_fp32_flush_*.log)."""
+    interpreter runs four programs."""
     from replayssm_quant.kernels.core.persistent import persistent_programs, programs_per_sm
 
     assert programs_per_sm(168, 1) == 12
@@ -819,8 +819,8 @@ def test_resident_table_names_each_sized_kernel():
 
 
 def test_grid_order_defaults_follow_the_measured_table():
-    """tune_r27_grid_order.log, tune_r66_fp32_tiles.log: conventional steps, multi-tile Mamba-2
-    heads and non-flush steps reading the state itself tile-first; narrow reads row-first."""
+    """The Hopper table's grid orders: conventional steps, multi-tile Mamba-2 heads and
+    non-flush steps reading the state itself tile-first; narrow reads row-first."""
     from replayssm_quant.kernels.tuning.gdn_rules import gdn_tile_first
     from replayssm_quant.kernels.tuning.mamba2_rules import mamba2_tile_first
 
