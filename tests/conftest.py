@@ -25,6 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -83,3 +84,14 @@ def _skip_repeated_language_patching() -> None:
 
 
 _skip_repeated_language_patching()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for tests of many tiny ops (emulation, token-by-token decoding): extra
+    threads only add synchronisation there. Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

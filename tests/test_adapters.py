@@ -27,13 +27,7 @@ T = 96
 PREFILL = 37
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The emulation is many tiny ops; extra intra-op threads only add synchronisation."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=TYPES)

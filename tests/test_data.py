@@ -22,12 +22,7 @@ BOOK = "It is a truth universally acknowledged, that a single man in possession 
        "fortune, must be in want of a wife. " * 40
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

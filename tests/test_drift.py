@@ -47,12 +47,7 @@ TEXT = ("Now is the winter of our discontent made glorious summer by this sun of
         "the clouds that lour'd upon our house in the deep bosom of the ocean buried. ") * 12
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------------- stats

@@ -10,14 +10,7 @@ from replayssm_quant.precision import PRESETS
 from replayssm_quant.ssm import gdn, init_gdn_state, init_mamba2_state, load_state, mamba2
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny per-token ops: one thread is several times faster than two on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 B, T = 2, 512

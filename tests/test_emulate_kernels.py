@@ -28,14 +28,7 @@ from replayssm_quant.precision import PRESETS, parse_config
 from replayssm_quant.ssm import gdn, mamba2
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny per-token ops: one thread is several times faster than two on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Interpreted Triton costs ~5 ms per conventional step, ~20 ms per SR step (Philox) and

@@ -23,13 +23,7 @@ PROMPT = ("KING RICHARD. Now is the winter of our discontent\nMade glorious summ
           "York;\n")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models decode one token at a time: intra-op threads only add contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _has_fixture(name: str) -> bool:

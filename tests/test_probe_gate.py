@@ -15,7 +15,6 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-import torch
 
 from replayssm_quant.evals.suite import SuiteProgress, SuiteSettings, run_suite
 from tests.test_until_decided import carry_answer
@@ -30,12 +29,7 @@ READ_COPY = "nvfp4-read/fp32"
 ITEMS = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class PlantedControl(SuiteProgress):

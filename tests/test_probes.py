@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from replayssm_quant.evals import ruler
@@ -41,12 +40,7 @@ SUBTASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
 LENGTH = 512
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

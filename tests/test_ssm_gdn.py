@@ -10,14 +10,7 @@ from replayssm_quant.precision import PRESETS, parse_config
 from replayssm_quant.ssm import gdn, init_gdn_state, load_state, read_checkpoint
 from replayssm_quant.ssm.synthetic import gdn_inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny per-token ops: one thread is several times faster than two on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

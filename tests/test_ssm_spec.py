@@ -19,14 +19,7 @@ from replayssm_quant.ssm import (
 )
 from replayssm_quant.ssm.synthetic import gdn_inputs, mamba2_inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny per-token ops: one thread is several times faster than two on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 BATCH, SPEC, ROUNDS = 3, 3, 14

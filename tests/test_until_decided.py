@@ -13,7 +13,6 @@ import os
 import re
 
 import pytest
-import torch
 
 from replayssm_quant.evals.suite import SuiteProgress, SuiteSettings, run_suite
 
@@ -26,12 +25,7 @@ CONTROL = "shared-nvfp4"
 SAME = "nvfp4-read/fp32"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def carry_answer(context: str) -> int:
