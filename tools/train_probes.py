@@ -27,7 +27,13 @@ parallel, about 8 minutes, results under ``$OUT``)::
       train --models $m --data .probe-data --device cuda --minutes 5.5 --out $OUT & done; wait) \\
       > $OUT/train.log 2>&1; grep -E "accuracy|bits/byte|restoring|wrote|Error" $OUT/train.log
 
-(with ``.probe-data`` carried to the machine). CPU smoke run::
+(with ``.probe-data`` carried to the machine, and without ``fla-core`` on the path: with it,
+transformers trains Qwen3.5's GDN layers through FLA's chunked kernels, whose backward refuses
+Triton < 3.7.1 on Hopper). Known limit of this recipe, from its one H200 run: 5.5 minutes at
+the default learning rate took nemotron-h-tiny's plays validation loss from 3.79 to 4.86 nats
+while the probe loss fell, so the plays-loss checkpoint rule restored step 380, which scored 0%
+on every probe. The next run should choose the checkpoint by probe accuracy within the 5%
+bits-per-byte limit, at a lower learning rate or plays share. CPU smoke run::
 
     python tools/train_probes.py train --models nemotron-h-tiny --device cpu --minutes 0.2 \\
       --check-n 1 --carry-pool 16 --out /tmp/probe-smoke
