@@ -6,8 +6,6 @@ caller never has to check."""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ..precision import PrecisionConfig, parse_config
@@ -15,13 +13,6 @@ from ..precision import PrecisionConfig, parse_config
 
 def _use_triton(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.is_cuda
-
-
-def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
-    """Make ``t``'s GPU the current one while a kernel launches: Triton launches on the current
-    device, so a layer placed on another GPU (a device map) would otherwise run on the first
-    one. A no-op for tensors off CUDA."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def emulate_mamba2(cfg: PrecisionConfig | str, S0, x, dt, A, Bm, C, D, *, layer: int = 0,
@@ -34,9 +25,8 @@ def emulate_mamba2(cfg: PrecisionConfig | str, S0, x, dt, A, Bm, C, D, *, layer:
         from .mamba2.emulate import mamba2_emulate, mamba2_supported
 
         if mamba2_supported(cfg, int(Bm.shape[-1])):
-            with on_device(x):
-                return mamba2_emulate(cfg, S0, x, dt, A, Bm, C, D, layer=layer, seed=seed,
-                                      sequence=sequence, act_dtype=act_dtype)
+            return mamba2_emulate(cfg, S0, x, dt, A, Bm, C, D, layer=layer, seed=seed,
+                                  sequence=sequence, act_dtype=act_dtype)
     return mamba2.emulate(cfg, S0, x, dt, A, Bm, C, D, layer=layer, seed=seed,
                           sequence=sequence, act_dtype=act_dtype)
 
@@ -51,8 +41,7 @@ def emulate_gdn(cfg: PrecisionConfig | str, S0, q, k, v, g, beta, *, layer: int 
         from .gdn.emulate import gdn_emulate, gdn_supported
 
         if gdn_supported(cfg, int(k.shape[-1])):
-            with on_device(k):
-                return gdn_emulate(cfg, S0, q, k, v, g, beta, layer=layer, seed=seed,
-                                   sequence=sequence, act_dtype=act_dtype)
+            return gdn_emulate(cfg, S0, q, k, v, g, beta, layer=layer, seed=seed,
+                               sequence=sequence, act_dtype=act_dtype)
     return gdn.emulate(cfg, S0, q, k, v, g, beta, layer=layer, seed=seed, sequence=sequence,
                        act_dtype=act_dtype)

@@ -149,15 +149,12 @@ class _Session:
         D32 = None if D is None else (D[:, 0] if D.dim() == 2 else D).float().contiguous()
         slots = self._slots_for(layer)
         if self.decoder.use_kernels:
-            from ..kernels.dispatch import on_device
             from ..kernels.mamba2 import mamba2_decode_step
 
             act = rs.act_dtype
-            with on_device(rs.cursor):
-                y = mamba2_decode_step(self._kernel_cache(layer),
-                                       hidden_states.to(act).contiguous(), dt32, A32,
-                                       B.to(act).contiguous(), C.contiguous(), D32,
-                                       slots.to(torch.int32))
+            y = mamba2_decode_step(self._kernel_cache(layer), hidden_states.to(act).contiguous(),
+                                   dt32, A32, B.to(act).contiguous(), C.contiguous(), D32,
+                                   slots.to(torch.int32))
         else:
             y = ref_mamba2.decode_step(rs, hidden_states, dt32, A32, B, C, D32, slots)
         if z is not None:
@@ -188,14 +185,12 @@ class _Session:
         b32 = beta[:, 0].float().contiguous()
         slots = self._slots_for(layer)
         if self.decoder.use_kernels:
-            from ..kernels.dispatch import on_device
             from ..kernels.gdn import gdn_decode_step
 
             act = rs.act_dtype
-            with on_device(rs.cursor):
-                o = gdn_decode_step(self._kernel_cache(layer), q.contiguous(),
-                                    k.to(act).contiguous(), v.to(act).contiguous(), g32, b32,
-                                    slots.to(torch.int32))
+            o = gdn_decode_step(self._kernel_cache(layer), q.contiguous(),
+                                k.to(act).contiguous(), v.to(act).contiguous(), g32, b32,
+                                slots.to(torch.int32))
         else:
             o = ref_gdn.decode_step(rs, q, k, v, g32, b32, slots)
         return o[:, None].to(query.dtype), initial_state

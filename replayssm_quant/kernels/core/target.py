@@ -4,7 +4,10 @@ and the named GPUs plans can be printed for without one.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -79,3 +82,22 @@ def resolve_target(name: str) -> Target:
             return Target(True, (int(cap[:-1]), int(cap[-1])), int(sms or 132), f"sm_{cap}")
     raise ValueError(f"unknown target {name!r}: one of {', '.join(TARGETS)}, cuda (this "
                      "machine's GPU) or sm_XY[:SMS] (e.g. sm_90:132)")
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def on_tensor_device(fn: F) -> F:
+    """Run a public launcher with the GPU of its first CUDA tensor argument current: Triton
+    launches on the current device, so a layer placed on another GPU (a device map) would
+    otherwise run on the first one. Costs nothing off CUDA or when that GPU is already current."""
+
+    @functools.wraps(fn)
+    def launch(*args, **kwargs):
+        t = next((a for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+        if t is None or t.device.index in (None, torch.cuda.current_device()):
+            return fn(*args, **kwargs)
+        with torch.cuda.device(t.device):
+            return fn(*args, **kwargs)
+
+    return launch  # type: ignore[return-value]

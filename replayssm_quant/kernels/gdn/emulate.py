@@ -24,6 +24,7 @@ from ..core.emulation import (
     window_sizes,
 )
 from ..core.sums import unit_lower_inverse
+from ..core.target import on_tensor_device
 
 _PREP_BYTES = 256 << 20  # GDN window records held at once (a segment of the sequence)
 
@@ -345,6 +346,7 @@ def gdn_supported(cfg: PrecisionConfig | str, head_k_dim: int) -> bool:
     return pow2_dim(head_k_dim) and parse_config(cfg).L <= MAX_KERNEL_L
 
 
+@on_tensor_device
 def gdn_emulate(
     cfg: PrecisionConfig | str, S0: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
     v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, layer: int = 0, seed: int = 0,

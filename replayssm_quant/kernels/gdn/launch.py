@@ -14,6 +14,7 @@ from ..core.codes import lut_table
 from ..core.memory import register_cap, state_descriptor
 from ..core.persistent import launch_persistent
 from ..core.ring import advance_cursor, fmt_code, state_args
+from ..core.target import on_tensor_device
 from ..knobs import StepKnobs
 from ..plan import gdn_step_plan, note_plan
 from .flush import _gdn_flush_kernel
@@ -52,6 +53,7 @@ def ring_args(cache: ReplayCache):
             slot_stride(r["g"]), slot_stride(vr), slot_stride(br))
 
 
+@on_tensor_device
 def gdn_decode_step(cache: ReplayCache, q, k, v, g, beta, slots, *, advance: bool = True,
                     out: torch.Tensor | None = None, **knobs) -> torch.Tensor:
     """One GDN decode step: q, k (B, Hk, K) normalised (q scaled), v (B, Hv, V), g (B, Hv)

@@ -15,7 +15,7 @@ from ..core.memory import register_cap, release_dependents, row_head_tile, step_
 from ..core.ring import fmt_code, shift_and_commit, state_args
 from ..core.state_io import load_cols, load_rows, row_scales, split_dot, write_state
 from ..core.sums import log_decay_suffixes, unit_lower_inverse
-from ..core.target import Target
+from ..core.target import Target, on_tensor_device
 from ..knobs import DEFAULT, resolve_pdl, split_terms, verify_chunk, verify_precision
 from ..tuning import table_for
 from ..tuning.rules import verify_maxnreg_default
@@ -243,6 +243,7 @@ def _gdn_fold_kernel(
                 tl.atomic_add(nan_ptr, nans)
 
 
+@on_tensor_device
 def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 128,
                num_warps: int = 2, chunk: int = 32, dot_precision: str = "auto",
                tile_first: bool = False, pdl: bool = False,
@@ -298,6 +299,7 @@ def gdn_verify(cache: ReplayCache, q, k, v, g, beta, slots, *, block_v: int = 12
     return o
 
 
+@on_tensor_device
 def gdn_commit(cache: ReplayCache, accepted: torch.Tensor, slots: torch.Tensor, *,
                block_v: int = 16, num_warps: int = 4) -> None:
     """Accept ``accepted (B,)`` int32 drafts per row; fold full windows like a flush."""

@@ -23,6 +23,7 @@ from ..core.emulation import (
     window_sizes,
 )
 from ..core.rounding import FMT_CODES
+from ..core.target import on_tensor_device
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,6 +251,7 @@ def mamba2_supported(cfg: PrecisionConfig | str, d_state: int) -> bool:
     return pow2_dim(d_state) and parse_config(cfg).L <= MAX_KERNEL_L
 
 
+@on_tensor_device
 def mamba2_emulate(
     cfg: PrecisionConfig | str, S0: torch.Tensor | None, x: torch.Tensor, dt: torch.Tensor,
     A: torch.Tensor, Bm: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, *,

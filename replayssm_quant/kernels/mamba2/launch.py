@@ -14,6 +14,7 @@ from ..core.codes import lut_table
 from ..core.memory import register_cap, state_descriptor
 from ..core.persistent import launch_persistent
 from ..core.ring import advance_cursor, fmt_code, state_args
+from ..core.target import on_tensor_device
 from ..knobs import StepKnobs
 from ..plan import mamba2_step_plan, note_plan
 from .flush import _mamba2_flush_kernel
@@ -43,6 +44,7 @@ def check_inputs(cache: ReplayCache, x, dt, A, Bm, C, slots):
     return H, P, N, G
 
 
+@on_tensor_device
 def mamba2_decode_step(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, advance: bool = True,
                        out: torch.Tensor | None = None, **knobs) -> torch.Tensor:
     """One decode step for a batch of rows (CUDA).

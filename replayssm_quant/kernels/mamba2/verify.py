@@ -16,7 +16,7 @@ from ..core.memory import register_cap, release_dependents, row_head_tile, step_
 from ..core.ring import fmt_code, shift_and_commit, state_args
 from ..core.state_io import load_cols, load_rows, row_scales, split_dot, write_state
 from ..core.sums import log_decay_suffixes
-from ..core.target import Target
+from ..core.target import Target, on_tensor_device
 from ..knobs import DEFAULT, resolve_pdl, split_terms, verify_chunk, verify_precision
 from ..tuning import table_for
 from ..tuning.mamba2_rules import verify_block
@@ -209,6 +209,7 @@ def _mamba2_fold_kernel(
                 tl.atomic_add(nan_ptr, nans)
 
 
+@on_tensor_device
 def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int | None = None,
                   num_warps: int = 1, chunk: int = 32, dot_precision: str = "auto",
                   tile_first: bool = True, pdl: bool = False,
@@ -266,6 +267,7 @@ def mamba2_verify(cache: ReplayCache, x, dt, A, Bm, C, D, slots, *, block_p: int
     return y
 
 
+@on_tensor_device
 def mamba2_commit(cache: ReplayCache, accepted: torch.Tensor, A, slots, *,
                   block_p: int = 16, num_warps: int = 4) -> None:
     """Accept ``accepted (B,)`` int32 drafts per row; rows reaching L records fold the first
