@@ -29,7 +29,7 @@ from .. import interception
 from ..precision import PrecisionConfig, parse_config
 from ..ssm import gdn as ref_gdn
 from ..ssm import mamba2 as ref_mamba2
-from ..ssm.replay import ACT_DTYPES, ReplayState, load_state
+from ..ssm.replay import ACT_DTYPES, ReplayState, enable_read_cache, load_state
 from .loading import module_device
 from .patch import gdn_l2norm
 from .registry import SSMLayer, architecture, ssm_layers
@@ -258,6 +258,8 @@ class ReplayDecoder:
                 states[s.layer] = ref_gdn.init_gdn_state(
                     cfg, batch, s.heads, s.head_dim, s.d_state, s.groups, layer=s.layer,
                     seed=self.seed, act_dtype=act, device=self.layer_devices[s.layer])
+            if not self.use_kernels:  # the kernels write these tensors behind the cache's back
+                enable_read_cache(states[s.layer])
         return _Session(self, states, torch.arange(batch, device=self.device))
 
     def _load_prefill(self, session: _Session, cache: Any) -> None:

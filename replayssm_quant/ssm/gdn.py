@@ -34,6 +34,7 @@ from .replay import (
     commit_records,
     common_fields,
     empty_checkpoints,
+    enable_read_cache,
     expand_heads,
     fill_rows,
     load_state,
@@ -383,12 +384,10 @@ def decode_step(state: GDNState, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     at_flush = state.cursor[inp.slots] == state.cfg.L - 1
     nf = torch.nonzero(~at_flush).flatten()
     fl = torch.nonzero(at_flush).flatten()
-    if nf.numel():
-        sub = _subset(inp, nf)
-        o[sub.rows] = _nonflush_rows(state, sub)
-    if fl.numel():
-        sub = _subset(inp, fl)
-        o[sub.rows] = _flush_rows(state, sub)
+    for idx, rows_fn in ((nf, _nonflush_rows), (fl, _flush_rows)):
+        if idx.numel():  # rows in step (the usual case) need no copy of their inputs
+            sub = inp if idx.numel() == inp.rows.numel() else _subset(inp, idx)
+            o[sub.rows] = rows_fn(state, sub)
     return o
 
 
@@ -501,6 +500,7 @@ def emulate(
     Hv, V = v.shape[2], v.shape[3]
     state = init_gdn_state(cfg, n, Hv, V, K, Hk, layer=layer, seed=seed, act_dtype=act_dtype,
                            device=k.device, sr_sequence=sequence)
+    enable_read_cache(state)  # the state is private: only the reference steps write it
     slots = torch.arange(n, device=k.device)
     load_state(state, slots, S0 if S0 is not None else torch.zeros(state.state_shape,
                                                                     device=k.device))

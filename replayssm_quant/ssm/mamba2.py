@@ -31,6 +31,7 @@ from .replay import (
     commit_records,
     common_fields,
     empty_checkpoints,
+    enable_read_cache,
     expand_heads,
     fill_rows,
     load_state,
@@ -335,14 +336,12 @@ def decode_step(state: Mamba2State, x: torch.Tensor, dt: torch.Tensor, A: torch.
         y[inp.rows] = _conventional_rows(state, inp)
         return y
     at_flush = state.cursor[inp.slots] == state.cfg.L - 1
-    fl = torch.nonzero(at_flush).flatten()
     nf = torch.nonzero(~at_flush).flatten()
-    if nf.numel():
-        sub = _subset(inp, nf)
-        y[sub.rows] = _nonflush_rows(state, sub)
-    if fl.numel():
-        sub = _subset(inp, fl)
-        y[sub.rows] = _flush_rows(state, sub)
+    fl = torch.nonzero(at_flush).flatten()
+    for idx, rows_fn in ((nf, _nonflush_rows), (fl, _flush_rows)):
+        if idx.numel():  # rows in step (the usual case) need no copy of their inputs
+            sub = inp if idx.numel() == inp.rows.numel() else _subset(inp, idx)
+            y[sub.rows] = rows_fn(state, sub)
     return y
 
 
@@ -443,6 +442,7 @@ def emulate(
     G, N = Bm.shape[2], Bm.shape[3]
     state = init_mamba2_state(cfg, n, H, P, N, G, layer=layer, seed=seed, act_dtype=act_dtype,
                               device=x.device, sr_sequence=sequence)
+    enable_read_cache(state)  # the state is private: only the reference steps write it
     slots = torch.arange(n, device=x.device)
     load_state(state, slots, S0 if S0 is not None else torch.zeros(state.state_shape,
                                                                     device=x.device))

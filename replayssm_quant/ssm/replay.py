@@ -19,7 +19,7 @@ get their decay with the least rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import torch
@@ -29,6 +29,7 @@ from ..precision import PrecisionConfig, parse_config
 
 __all__ = [
     "ACT_DTYPES",
+    "ReadCache",
     "ReplayState",
     "StoredRows",
     "assign_slots",
@@ -37,6 +38,7 @@ __all__ = [
     "check_slots",
     "check_tensor",
     "commit_records",
+    "enable_read_cache",
     "fill_rows",
     "load_state",
     "read_checkpoint",
@@ -47,6 +49,24 @@ __all__ = [
 ]
 
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class ReadCache:
+    """The fp32 value of every slot's read source, decoded once per checkpoint write.
+
+    Non-flush steps read the read source every token, but only a checkpoint write changes it, so
+    decoding it at each read (an NVFP4 copy's unpack, table lookup and scale multiplies) repeats
+    the same work ``L - 1`` times per window. :func:`write_checkpoint` marks the slots it rewrites
+    stale and the next :func:`read_source` decodes just those; ``dequantize`` is elementwise, so
+    the values are the ones an uncached read returns, bit for bit. ``data`` is the stored tensor
+    the cache mirrors: if the state's read source is replaced, every slot goes stale.
+    """
+
+    data: torch.Tensor
+    value: torch.Tensor
+    fresh: torch.Tensor
+
 
 
 @dataclass(kw_only=True)
@@ -61,7 +81,8 @@ class ReplayState:
     count's atomics and launch. ``nan_count`` accumulates the NaNs of every
     checkpoint write (the read copy is derived from the checkpoint, so it is not counted
     twice). ``drafted[slot]`` is the number of draft records the last ``verify`` appended,
-    the most a ``commit`` may accept.
+    the most a ``commit`` may accept. ``read_cache`` (off unless :func:`enable_read_cache`)
+    keeps the decoded read source between checkpoint writes.
     """
 
     cfg: PrecisionConfig
@@ -76,6 +97,7 @@ class ReplayState:
     sr_sequence: torch.Tensor
     spec_tokens: int
     act_dtype: torch.dtype
+    read_cache: ReadCache | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_slots(self) -> int:
@@ -264,10 +286,41 @@ def read_checkpoint(state: ReplayState, slots: torch.Tensor) -> torch.Tensor:
     return dequantize(select_slots(state.ckpt, slots))
 
 
+def _source(state: ReplayState) -> QTensor:
+    return state.read if state.read is not None else state.ckpt
+
+
+def enable_read_cache(state: ReplayState) -> None:
+    """Keep ``state``'s decoded read source between checkpoint writes (see :class:`ReadCache`).
+
+    Only for a state whose stored rows change through :func:`write_checkpoint` alone (the
+    reference steps, :func:`load_state`, ``commit``): a kernel writing the same tensors would
+    leave the cache stale. An fp32 source needs no decoding and gets no cache.
+    """
+    q = _source(state)
+    if q.fmt.name == "fp32" or state.read_cache is not None:
+        return
+    state.read_cache = ReadCache(
+        data=q.data,
+        value=torch.empty(q.shape, dtype=torch.float32, device=state.device),
+        fresh=torch.zeros(state.num_slots, dtype=torch.bool, device=state.device),
+    )
+
+
 def read_source(state: ReplayState, slots: torch.Tensor) -> torch.Tensor:
     """fp32 value non-flush steps read: the read copy if there is one, else the checkpoint."""
-    q = state.read if state.read is not None else state.ckpt
-    return dequantize(select_slots(q, slots))
+    q = _source(state)
+    cache = state.read_cache
+    if cache is None:
+        return dequantize(select_slots(q, slots))
+    if cache.data is not q.data:
+        cache.data = q.data
+        cache.fresh.zero_()
+    stale = slots[~cache.fresh[slots]]
+    if stale.numel():
+        cache.value[stale] = dequantize(select_slots(q, stale))
+        cache.fresh[stale] = True
+    return cache.value.index_select(0, slots)  # a copy, as select_slots makes; faster than [slots]
 
 
 def write_checkpoint(state: ReplayState, slots: torch.Tensor, s_new: torch.Tensor) -> None:
@@ -284,6 +337,8 @@ def write_checkpoint(state: ReplayState, slots: torch.Tensor, s_new: torch.Tenso
     assign_slots(state.ckpt, slots, q)
     if cfg.read is not None:
         assign_slots(state.read, slots, quantize(dequantize(q), cfg.read, "rn"))
+    if state.read_cache is not None:
+        state.read_cache.fresh[slots] = False
 
 
 def load_state(state: ReplayState, slots: torch.Tensor, s: torch.Tensor) -> None:
