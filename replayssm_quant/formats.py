@@ -19,8 +19,9 @@ Random words come from Philox-4x32-10 with key ``seed`` (64 bit: low word, high 
 with counter ``(element >> 2, sequence, flush_index, layer)`` yields the words of the four
 consecutive elements ``4c .. 4c + 3``, and element ``e`` takes output word ``e & 3``. This is
 ``triton.language.random.philox(seed, element >> 2, sequence, flush_index, layer)[element & 3]``
-bit for bit. fp16 and bf16 need at most 16 random bits (``sr_bits(..., half=True)``): one
-call serves eight elements, each taking one 16-bit half of a word.
+bit for bit. fp16 and bf16 targets take 8 random bits (``sr_bits(..., half=True)``): one call
+serves sixteen elements, each taking one byte of a word with a half-unit below it, which keeps
+the rounding bias under 2^-9 of the target's unit in the last place.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "BYTE_SR_BIAS_BOUND",
     "FORMATS",
     "Format",
     "QTensor",
@@ -157,16 +159,29 @@ def philox4x32(c0, c1, c2, c3, seed: int, rounds: int = 10) -> tuple[torch.Tenso
 
 HALF_WORD_FORMATS = ("fp16", "bf16")
 
+# 8-bit SR words: the byte goes to bits 24..31 and bit 23 (half its unit) is set, so the draw
+# ``u = (r >> 8) * 2^-24`` takes the 256 midpoints ``(2k + 1) / 512``. ``P(round up) =
+# #{k: u_k < frac} / 256`` is then ``frac`` rounded to a multiple of 2^-8: the mean rounding
+# error is at most 2^-9 of the target's step (zero when ``frac`` is a multiple of 2^-8, and
+# ``frac == 0`` never rounds up). bf16's ``bits + (r >> 16)`` rounds up iff ``u_k >= 1 - frac``:
+# the same bound.
+_BYTE_HALF_UNIT = 0x00800000
+BYTE_SR_BIAS_BOUND = 2.0**-9
+
 
 def half_words(fmt: Format | str) -> bool:
-    """Whether SR onto ``fmt`` takes 16-bit random words (two per Philox output word)."""
+    """Whether SR onto ``fmt`` is a half-precision target (fp16 / bf16), which takes 8-bit
+    random words, sixteen per Philox call (bias at most ``BYTE_SR_BIAS_BOUND`` of a step)."""
     name = fmt.name if isinstance(fmt, Format) else canonical_format(fmt).name
     return name in HALF_WORD_FORMATS
 
 
-def _halves(w: torch.Tensor) -> torch.Tensor:
-    """``(..., ) -> (..., 2)``: a word's low and high 16 bits, each moved to the top."""
-    return torch.stack([(w << 16) & _MASK32, w & 0xFFFF0000], dim=-1)
+def _bytes(w: torch.Tensor) -> torch.Tensor:
+    """``(..., ) -> (..., 4)``: a word's four bytes, low to high, each moved to the top and
+    given the half-unit bit below it."""
+    top = 0xFF000000
+    return torch.stack([(w << 24) & top, (w << 16) & top, (w << 8) & top, w & top],
+                       dim=-1) | _BYTE_HALF_UNIT
 
 
 def sr_bits(seed: int, layer: int, sequence, flush_index, element, half: bool = False
@@ -175,17 +190,17 @@ def sr_bits(seed: int, layer: int, sequence, flush_index, element, half: bool = 
 
     One Philox call per group of four consecutive elements: counter
     ``(element >> 2, sequence, flush_index, layer)``, output word ``element & 3``. With
-    ``half`` (fp16 / bf16 targets, which use at most 16 random bits) one call serves eight
-    elements: counter ``element >> 3``, word ``(element >> 1) & 3``, its low 16 bits for an
-    even element and its high 16 bits for an odd one, placed in the word's top 16 bits.
+    ``half`` (fp16 / bf16 targets, 8 random bits each) one call serves sixteen elements:
+    counter ``element >> 4``, word ``(element >> 2) & 3``, its byte ``element & 3`` (low
+    to high) placed in the word's top 8 bits, with bit 23 set (``BYTE_SR_BIAS_BOUND``).
     """
     element = torch.as_tensor(element, dtype=torch.int64)
-    words = philox4x32(element >> (3 if half else 2), sequence, flush_index, layer, seed)
+    words = philox4x32(element >> (4 if half else 2), sequence, flush_index, layer, seed)
     shape = words[0].shape
     stacked = torch.stack(words, dim=-1)
     if half:
-        stacked = _halves(stacked).flatten(-2)  # index 2 * word + half
-        lane = element & 7
+        stacked = _bytes(stacked).flatten(-2)  # index 4 * word + byte
+        lane = element & 15
     else:
         lane = element & 3
     lane = lane.to(words[0].device).expand(shape)
@@ -205,7 +220,7 @@ def state_sr_bits(
 
     ``element`` is the flat index of the element inside one sequence's state of this layer
     (row-major over ``shape[1:]``); ``sequence`` and ``flush_index`` are per batch row. Equal to
-    ``sr_bits`` on those indices; when ``n`` is a multiple of the group (4, or 8 with
+    ``sr_bits`` on those indices; when ``n`` is a multiple of the group (4, or 16 with
     ``half``) each Philox call is made once for its group.
     """
     per_seq = 1
@@ -215,13 +230,13 @@ def state_sr_bits(
     view = (-1,) + (1,) * (len(shape) - 1)
     seq = sequence.to(device=device, dtype=torch.int64).view(view)
     fl = flush_index.to(device=device, dtype=torch.int64).view(view)
-    group = 8 if half else 4
+    group = 16 if half else 4
     if len(shape) >= 2 and shape[-1] % group == 0:
         groups = torch.arange(per_seq // group, device=device, dtype=torch.int64)
         groups = groups.view(1, *shape[1:-1], shape[-1] // group)
         words = torch.stack(philox4x32(groups, seq, fl, layer, seed), dim=-1)
         if half:
-            words = _halves(words)
+            words = _bytes(words)
         return words.reshape(words.shape[0], *shape[1:])
     elem = torch.arange(per_seq, device=device, dtype=torch.int64).view(1, *shape[1:])
     return sr_bits(seed, layer, seq, fl, elem, half)

@@ -83,26 +83,28 @@ def with_sign_of(q, x):
 def sr_words(seed, layer, sequence, flush_index, element, HALF: tl.constexpr = False):
     """SR words of the elements ``element``: Philox-4x32-10 with key seed and counter
     (element >> 2, sequence, flush_index, layer), output word ``element & 3``; with HALF
-    (fp16 / bf16 targets) counter ``element >> 3`` and the low / high 16 bits of word
-    ``(element >> 1) & 3`` for an even / odd element, moved to the top (``formats.sr_bits``).
+    (fp16 / bf16 targets) counter ``element >> 4`` and byte ``element & 3`` (low to high) of
+    word ``(element >> 2) & 3``, moved to the top with bit 23 set (``formats.sr_bits``).
 
-    One Philox call serves four (eight) consecutive elements. ``element`` (rank 2 or 3) must
-    hold consecutive indices along its last axis in runs aligned to the group (a ``(rows, d)``
-    tile, or a ``(d // 16, rows, 16)`` chunked tile); ``sequence``, ``flush_index`` and
-    ``layer`` are scalars. The group counters are the first of every group (splits of a
-    ``(.., 2, 2[, 2])`` view: no reduction), and the words go back with joins, which compile
-    to fewer layout conversions than a ``tl.min`` over the group or a select of broadcast
-    words."""
+    One Philox call serves four (sixteen) consecutive elements. ``element`` (rank 2 or 3)
+    must hold consecutive indices along its last axis in runs aligned to the group (a
+    ``(rows, d)`` tile, or a ``(d // 16, rows, 16)`` chunked tile); ``sequence``,
+    ``flush_index`` and ``layer`` are scalars. The group counters are the first of every
+    group (splits of a ``(.., 2, 2[, 2, 2])`` view: no reduction), and the words go back with
+    joins, which compile to fewer layout conversions than a ``tl.min`` over the group or a
+    select of broadcast words."""
     RANK: tl.constexpr = len(element.shape)
-    GS: tl.constexpr = 8 if HALF else 4
-    e = element.to(tl.uint32) >> (3 if HALF else 2)
+    GS: tl.constexpr = 16 if HALF else 4
+    e = element.to(tl.uint32) >> (4 if HALF else 2)
     if HALF:
         if RANK == 2:
-            e = tl.reshape(e, (element.shape[0], element.shape[1] // 8, 2, 2, 2))
+            e = tl.reshape(e, (element.shape[0], element.shape[1] // GS, 2, 2, 2, 2))
         else:
             tl.static_assert(RANK == 3, "sr_words: element must have rank 2 or 3")
-            e = tl.reshape(e, (element.shape[0], element.shape[1], element.shape[2] // 8, 2, 2, 2))
+            e = tl.reshape(e, (element.shape[0], element.shape[1], element.shape[2] // GS,
+                               2, 2, 2, 2))
         g, _ = tl.split(e)
+        g, _ = tl.split(g)
         g, _ = tl.split(g)
         g, _ = tl.split(g)
     else:
@@ -118,14 +120,34 @@ def sr_words(seed, layer, sequence, flush_index, element, HALF: tl.constexpr = F
                             z + layer.to(tl.uint32))
     # join(join(r0, r2), join(r1, r3))[..., a, b] = r_{2a + b}: word k to element 4c + k
     w = tl.join(tl.join(r0, r2), tl.join(r1, r3))
-    if HALF:  # [..., a, b, h]: half h of word 2a + b to element 8c + 2 (2a + b) + h
-        w = tl.join(w << 16, w & 0xFFFF0000)
+    if HALF:  # [..., a, b, c, d]: byte 2c + d of word 2a + b to element 16g + 4 (2a + b) + 2c + d
+        b0, b1, b2, b3 = word_bytes(w)
+        w = tl.join(tl.join(b0, b2), tl.join(b1, b3))
     return tl.reshape(w, element.shape)
 
 
 @triton.jit
+def word_bytes(w):
+    """The four bytes of uint32 words w (low to high), each moved to the top 8 bits with bit 23
+    set (half its unit: ``formats.BYTE_SR_BIAS_BOUND``). On the GPU one byte permute
+    (``prmt``) per byte, which takes the low three bytes from the constant 0x00800000, in
+    place of a shift, a mask and an or."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $4, 0x00800000, 0x0654; prmt.b32 $1, $4, 0x00800000, 0x1654;\n"
+            "prmt.b32 $2, $4, 0x00800000, 0x2654; prmt.b32 $3, $4, 0x00800000, 0x3654;",
+            "=r,=r,=r,=r,r", [w], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+            is_pure=True, pack=1)
+    else:
+        top = 0xFF000000
+        half = 0x00800000
+        return ((w << 24) | half, ((w << 16) & top) | half, ((w << 8) & top) | half,
+                (w & top) | half)
+
+
+@triton.jit
 def sr_words_for(seed, layer, sequence, flush_index, element, FMT: tl.constexpr):
-    """``sr_words`` with the word width SR onto format FMT takes (16 bits for fp16 / bf16)."""
+    """``sr_words`` with the word width SR onto format FMT takes (8 bits for fp16 / bf16)."""
     if FMT == 1:
         return sr_words(seed, layer, sequence, flush_index, element, True)
     elif FMT == 2:
