@@ -8,6 +8,7 @@ is conventional decoding (the state is read and written every step).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -19,10 +20,17 @@ __all__ = [
     "ModelShape",
     "PrecisionConfig",
     "StepBytes",
+    "WINDOW_LENGTHS",
+    "best_window_by_bytes",
     "parse_config",
     "split_configs",
     "resolve_shape",
     "step_bytes",
+    "window_bytes",
+    "window_family",
+    "window_name",
+    "window_optimum",
+    "with_window",
 ]
 
 CKPT_FORMATS = ("fp32", "fp16", "bf16", "fp8e4m3", "nvfp4")
@@ -304,3 +312,57 @@ def step_bytes(cfg: PrecisionConfig, shape: ModelShape) -> StepBytes:
     nonflush_avg = nonflush_total / (L - 1)
     return StepBytes(nonflush=nonflush_avg, flush=flush, window_average=avg,
                      state_bytes=ck + rd + L * rec)
+
+
+# ------------------------------------------------------------------------- window length (L)
+WINDOW_LENGTHS = (8, 16, 32, 64)  # the flush intervals the cost model and the benchmark compare
+
+
+def with_window(cfg: PrecisionConfig, L: int) -> PrecisionConfig:
+    """``cfg`` with flush interval ``L``: the preset when one matches, else an unnamed config,
+    so a result at another L never carries the preset's name."""
+    if cfg.L == 1:
+        raise ValueError(f"{cfg.label} is a conventional step: it has no window to lengthen")
+    c = PrecisionConfig(cfg.ckpt, cfg.ckpt_rounding, cfg.read, L, cfg.prefill)
+    return next((p for p in PRESETS.values() if p == c), c)
+
+
+def window_family(cfg: PrecisionConfig) -> str:
+    """The config string without its L: what every window length of one precision split
+    shares (``ckpt=fp16:sr,read=nvfp4``)."""
+    return str(cfg).rsplit(",L=", 1)[0]
+
+
+def window_name(cfg: PrecisionConfig) -> str:
+    """The name of ``cfg``'s family: the preset with the same formats and a window (at its
+    own L), else the family string."""
+    fam = window_family(cfg)
+    return next((p.label for p in PRESETS.values() if p.L > 1 and window_family(p) == fam), fam)
+
+
+def window_bytes(cfg: PrecisionConfig, shape: ModelShape,
+                 lengths=WINDOW_LENGTHS) -> dict[int, StepBytes]:
+    """``step_bytes`` of ``cfg`` at each window length: ring reads grow with L (step k reads
+    k-1 records), the flush's checkpoint write and read-copy write spread over L steps."""
+    return {L: step_bytes(with_window(cfg, L), shape) for L in lengths}
+
+
+def best_window_by_bytes(cfg: PrecisionConfig, shape: ModelShape, lengths=WINDOW_LENGTHS) -> int:
+    """The L of ``lengths`` with the fewest window-average bytes per step (the smaller on a tie)."""
+    wb = window_bytes(cfg, shape, lengths)
+    return min(wb, key=lambda L: (wb[L].window_average, L))
+
+
+def window_optimum(cfg: PrecisionConfig, shape: ModelShape) -> float:
+    """The real L that minimises ``step_bytes``' window average. Per step the average is
+    ``src + rec + rec (L-1)/2 + (2 ck + rd - src - rec) / L`` (read source, ring record,
+    checkpoint, read copy), so the optimum is ``sqrt(2 (2 ck + rd - src - rec) / rec)``: the
+    flush's fixed bytes against the ring's growing reads."""
+    if cfg.L == 1:
+        raise ValueError(f"{cfg.label} is a conventional step: it has no window")
+    n = shape.d_state
+    ck = shape.rows * cfg.ckpt.row_bytes(n)
+    rd = shape.rows * cfg.read.row_bytes(n) if cfg.read is not None else 0.0
+    src = rd if cfg.read is not None else ck
+    rec = shape.record_bytes(cfg)
+    return math.sqrt(max(0.0, 2 * (2 * ck + rd - src - rec) / rec))
