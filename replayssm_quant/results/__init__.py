@@ -6,7 +6,7 @@ Layering: this package reads files and judges numbers; it renders nothing (``rep
 and imports nothing above ``precision``.
 """
 
-from .benchmark import Benchmark, BenchmarkRow, load_benchmark
+from .benchmark import Benchmark, BenchmarkRow, benchmark_from_rows, load_benchmark
 from .budget import DEFAULT_BUDGET, Budget
 from .criteria import Check, Criteria, Outcome, evaluate, judge
 from .drift import load_drift
@@ -54,6 +54,7 @@ __all__ = [
     "ResultsError",
     "TaskResults",
     "TaskRow",
+    "benchmark_from_rows",
     "config_key",
     "evaluate",
     "judge",
