@@ -45,6 +45,7 @@ from benchmarks.harness import copy_bandwidth, time_graph, write_rows
 from benchmarks.targets import evaluate
 from benchmarks.targets import main as targets_main
 from benchmarks.targets import markdown as targets_markdown
+from benchmarks.windows import write_window_table
 from replayssm_quant import formats as F
 from replayssm_quant.kernels.core.cache import alloc_gdn_cache, alloc_mamba2_cache
 from replayssm_quant.kernels.gdn import gdn_decode_step
@@ -116,6 +117,8 @@ class Workload:
                                self.slots, advance=advance, **kw)
 
 
+TINY_SHAPES = {s.name: s for s in (ModelShape("tiny-m2", "mamba2", 2, 32, 32, 1),
+                                    ModelShape("tiny-gdn", "gdn", 2, 32, 32, 1))}  # --tiny dry runs
 CONV_STEPS = 16  # steps per timed graph for configs without a window (conventional steps, FLA)
 REPEAT = 4  # copies per timed graph of a step that leaves the cache as it found it (flush with
 # the cursors set back or held, speculative verify): no launch gap of a lone replay in the time
@@ -182,10 +185,12 @@ def stagger_cursors(w: Workload) -> None:
 
 
 def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
-            layers: int | str = 1, stagger: bool = False, **kw) -> dict:
+            layers: int | str = 1, stagger: bool = False, window_only: bool = False,
+            **kw) -> dict:
     """Window, non-flush (``time_nonflush``; ``nonflush_derived_us``: from the window and the
     flush, as older sweeps gave it) and flush microseconds per step of one
-    layer. With ``layers`` > 1 a
+    layer (``window_only``: the window average alone, NaN for the other two, a fifth of the
+    graphs for a sweep over window lengths). With ``layers`` > 1 a
     graph runs each step over every layer in turn (``layer_count``), as a model does, and the
     time is per layer; the graphs then hold one window (8 conventional steps, one flush
     each). With ``stagger`` the rows' cursors are spread (``stagger_cursors``):
@@ -213,7 +218,7 @@ def measure(shape: ModelShape, batch: int, cfg, reps: int, device: str = "cuda",
         else:
             w.cache.cursor.zero_()
     t_win = time_graph(lambda: steps(L * windows), reps) / (L * windows * n)
-    if stagger:
+    if stagger or window_only:
         nan = float("nan")
         return dict(window_us=t_win * 1e6, nonflush_us=nan, flush_us=nan, layers=n)
     t_fl = time_flush(ws, reps, repeat, **kw)
@@ -430,9 +435,22 @@ def main(argv=None) -> int:
     if argv[:1] == ["targets"]:  # the speed targets over finished sweeps
         return targets_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--shapes", nargs="*", default=None,
+                    help=f"default: the paper shapes ({', '.join(SHAPES)}); with --tiny "
+                         f"{', '.join(TINY_SHAPES)}")
     ap.add_argument("--batch", type=int, nargs="*", default=[256, 1, 64, 512])
-    ap.add_argument("--L", type=int, nargs="*", default=[8, 16])
+    ap.add_argument("--L", type=int, nargs="*", default=[8, 16],
+                    help="window lengths: every windowed preset is timed at each; two or more "
+                         "also write window_l.json / .csv, one row per (preset, L, batch, shape) "
+                         "with the fastest L marked (the sweep: --L 8 16 32 64 --window-only)")
+    ap.add_argument("--window-only", action="store_true",
+                    help="time each config's window average only (no flush / non-flush graphs): "
+                         "a fifth of the graphs, for sweeps over window lengths")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a dry run of the sweep's plan and files with the kernels under "
+                         "TRITON_INTERPRET=1 (with --tiny); its times mean nothing")
+    ap.add_argument("--tiny", action="store_true",
+                    help=f"the tiny shapes {', '.join(TINY_SHAPES)} instead of the paper shapes")
     ap.add_argument("--configs", nargs="*", default=None, help="preset names (default: all)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--verify-T", type=int, default=8,
@@ -457,18 +475,27 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shapes = TINY_SHAPES if args.tiny else SHAPES
+    args.shapes = list(shapes) if args.shapes is None else args.shapes
+    unknown = [s for s in args.shapes if s not in shapes]
+    if unknown:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(shapes)}")
     cfgs = configs_for(args.L)
     if args.configs:
         cfgs = [c for c in cfgs if c.label in args.configs or c.label.split("@")[0] in args.configs]
     vcfgs = [c for c in cfgs if c.label in VERIFY_CONFIGS] if args.verify_T else []
-    precompile([(s, c, {}, args.verify_T if c in vcfgs else 0, "cuda")
-                for s in args.shapes for c in cfgs], args.workers, compile_batches(args.batch))
-    bw = copy_bandwidth()
-    dev = torch.cuda.get_device_name()
+    if args.device == "cuda":
+        precompile([(s, c, {}, args.verify_T if c in vcfgs else 0, "cuda")
+                    for s in args.shapes for c in cfgs], args.workers, compile_batches(args.batch))
+        dev = torch.cuda.get_device_name()
+    else:
+        dev = f"cpu (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')})"
+    bw = copy_bandwidth(device=args.device)
     print(f"device {dev}; copy bandwidth {bw / 1e12:.3f} TB/s (read + write)", flush=True)
     meta = dict(device=dev, copy_bandwidth=bw, torch=torch.__version__,
                 triton=__import__("triton").__version__, argv=sys.argv, hold_us=harness.HOLD_US,
-                layers=args.layers, stagger=args.stagger, complete=False)
+                layers=args.layers, stagger=args.stagger, window_only=args.window_only,
+                complete=False)
     rows: list[dict] = []
     t_start = time.time()
     # batch-major: every shape's batch-256 numbers (the acceptance point) come first when the
@@ -480,11 +507,12 @@ def main(argv=None) -> int:
                       f"{sname} B={batch}", flush=True)
                 write_outputs(out, rows, meta)
                 return 0
-            rows += measure_block(SHAPES[sname], sname, batch, cfgs, vcfgs, args, bw)
+            rows += measure_block(shapes[sname], sname, batch, cfgs, vcfgs, args, bw)
             write_outputs(out, rows, meta)
     meta["complete"] = True
     write_outputs(out, rows, meta)
-    print(f"wrote {out / 'decode.csv'}, {out / 'decode.json'} and {out / 'decode.md'}")
+    print(f"wrote {out / 'decode.csv'}, {out / 'decode.json'} and {out / 'decode.md'}"
+          + (f"; {out / 'window_l.json'}, {out / 'window_l.csv'}" if _window_sweep(rows) else ""))
     return 0
 
 
@@ -496,8 +524,9 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
     mode = row_mode(args.layers, args.stagger)
     for cfg in cfgs:
         t0 = time.time()
-        m = measure(shape, batch, cfg, args.reps, layers=args.layers,
-                    stagger=args.stagger and cfg.L > 1)
+        m = measure(shape, batch, cfg, args.reps, device=args.device, layers=args.layers,
+                    stagger=args.stagger and cfg.L > 1,
+                    window_only=args.window_only)
         sb = step_bytes(cfg, shape)
         row = dict(shape=sname, kind=shape.kind, batch=batch, config=cfg.label,
                    config_string=str(cfg), L=cfg.L, **m, mode=mode,
@@ -510,7 +539,8 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
             base, base_layers = m["window_us"], m["layers"]
         row["speedup_vs_conv_fp32"] = base / m["window_us"] if base else float("nan")
         row["byte_bound_vs_conv_fp32"] = byte_bound(shape, cfg)
-        row["plan"] = step_plan(shape, cfg, batch, "cuda").summary()  # what was timed
+        row["plan"] = step_plan(shape, cfg, batch, args.device if args.device == "cuda"
+                                else "interpreter").summary()  # what was timed
         rows.append(row)
         print(f"{sname:22s} B={batch:4d} {cfg.label:26s} win {m['window_us']:9.1f}us "
               f"nf {m['nonflush_us']:9.1f} (derived {m.get('nonflush_derived_us', m['nonflush_us']):9.1f}) "
@@ -519,7 +549,8 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
               f"({time.time() - t0:.1f}s)", flush=True)
     for cfg in vcfgs:
         try:
-            t = measure_verify(shape, batch, cfg, args.verify_T, args.reps, layers=args.layers)
+            t = measure_verify(shape, batch, cfg, args.verify_T, args.reps,
+                               device=args.device, layers=args.layers)
         except Exception as e:  # noqa: BLE001 - reported in the log, the sweep goes on
             print(f"{sname:22s} B={batch:4d} verify {cfg.label}: {type(e).__name__}: {e}", flush=True)
             continue
@@ -530,7 +561,7 @@ def measure_block(shape: ModelShape, sname: str, batch: int, cfgs: list, vcfgs: 
                          speedup_vs_conv_fp32=base / t if base else float("nan")))
         print(f"{sname:22s} B={batch:4d} verify T={args.verify_T} {cfg.label:18s} {t:9.1f}us "
               f"= {t / base:.2f} conventional FP32 steps", flush=True)
-    if shape.kind == "gdn":
+    if shape.kind == "gdn" and args.device == "cuda":
         try:
             t = measure_fla(shape, batch, args.reps, layers=base_layers)
         except Exception as e:  # noqa: BLE001
@@ -572,13 +603,21 @@ def row_mode(layers: int | str, stagger: bool) -> str:
 
 def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
     """decode.json, decode.csv and decode.md (rewritten whole: a cut-off run keeps its rows),
-    with the verdicts of the speed targets (``benchmarks.targets``) in the JSON and the Markdown."""
+    with the verdicts of the speed targets (``benchmarks.targets``) in the JSON and the Markdown;
+    window_l.json / .csv / .md too when a preset was timed at two or more window lengths
+    (``benchmarks.windows``)."""
     verdicts = evaluate(rows)
     md = markdown_table(rows, meta)
     if verdicts:
         md += "\n" + targets_markdown(verdicts) + "\n"
     write_rows(out, "decode", rows, dict(meta=meta, rows=rows, targets=[v.as_dict() for v in verdicts]),
                md)
+    if _window_sweep(rows):
+        write_window_table(out, rows, meta, {**SHAPES, **TINY_SHAPES})
+
+
+def _window_sweep(rows: list[dict]) -> bool:
+    return len({r["L"] for r in rows if r.get("L", 1) > 1 and "window_us" in r}) > 1
 
 
 def byte_bound(shape, cfg) -> float:
