@@ -14,17 +14,37 @@ qualifies: the config whose worst check misses by the least. A config whose task
 is too thin to decide a check (:mod:`replayssm_quant.results.evidence`) is *undecided*: it is
 never picked, and when every config is rejected or undecided the exit code is 3. Rendering
 lives in :mod:`replayssm_quant.report`.
+
+With a benchmark that times a precision split at several window lengths (``python -m
+benchmarks.decode --L 8 16 32 64``), each split's L is chosen from the measured times too
+(:func:`choose_windows`): the fastest L whose own accuracy results pass, since a longer window
+changes the numerics (fewer checkpoint roundings, longer reads of one read copy) and the
+evidence at one L says nothing certain about another.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .precision import PRESETS, SHAPES, ModelShape, PrecisionConfig, parse_config, resolve_shape, step_bytes
+from .precision import (
+    PRESETS,
+    SHAPES,
+    WINDOW_LENGTHS,
+    ModelShape,
+    PrecisionConfig,
+    best_window_by_bytes,
+    parse_config,
+    resolve_shape,
+    step_bytes,
+    window_bytes,
+    window_family,
+    window_name,
+    window_optimum,
+)
 from .results import (
     DEFAULT_BUDGET,
     Benchmark,
@@ -52,8 +72,11 @@ __all__ = [
     "Cost",
     "InputError",
     "Recommendation",
+    "WindowChoice",
+    "choose_windows",
     "load_benchmark",
     "recommend",
+    "window_length_table",
     "vllm_additional_config",
     "vllm_serve_command",
 ]
@@ -104,6 +127,104 @@ def _bench_shape(bench: Benchmark, shape: ModelShape, explicit: str | None) -> s
                      f"model's SSM shape ({shape.kind}, {shape.heads} heads x {shape.head_dim} "
                      f"x {shape.d_state}, {shape.groups} groups); pass --shape NAME to rank by "
                      "one of them")
+
+
+def window_length_table(shape: ModelShape, lengths=WINDOW_LENGTHS,
+                        bench: Benchmark | None = None, bench_shape: str | None = None
+                        ) -> list[dict]:
+    """One row per windowed preset: the cost model's window-average bytes per step at each L
+    of ``lengths`` (ring reads grow with L, the flush's writes spread over L), the L of them
+    with the fewest bytes and the real-valued optimum; with ``bench``, per measured batch the
+    time per step at each L measured and the fastest L (``measured``), from the rows of
+    ``bench_shape`` (default: the rows with ``shape``'s dimensions)."""
+    lengths = tuple(sorted(set(lengths)))
+    if not lengths or min(lengths) < 2:
+        raise InputError(f"window lengths must be >= 2, got {', '.join(map(str, lengths))}")
+    bshape = _bench_shape(bench, shape, bench_shape) if bench is not None else None
+    base = step_bytes(PRESETS["fp32"], shape).window_average
+    rows = []
+    for cfg in PRESETS.values():
+        if cfg.L == 1:
+            continue
+        wb = window_bytes(cfg, shape, lengths)
+        row = {"name": cfg.label, "family": window_family(cfg), "shape": shape.name,
+               "preset_L": cfg.L,
+               "bytes_per_step": {L: b.window_average for L, b in wb.items()},
+               "traffic_vs_fp32": {L: b.window_average / base for L, b in wb.items()},
+               "bytes_best_L": best_window_by_bytes(cfg, shape, lengths),
+               "bytes_optimum_L": window_optimum(cfg, shape)}
+        if bench is not None:
+            row["bench_shape"] = bshape
+            row["measured"] = {}
+            for batch in bench.batches(bshape):
+                wins = bench.windows(bshape, batch, cfg)
+                if not wins:
+                    continue
+                best = bench.best_window(bshape, batch, cfg)
+                row["measured"][batch] = {
+                    "window_us": {L: r.window_us for L, r in wins.items()},
+                    "speedup_vs_conv_fp32": {L: r.speedup_vs_conv_fp32 for L, r in wins.items()},
+                    "best_L": best.config.L if best is not None else None}
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class WindowChoice:
+    """The window length chosen for one precision split from measured times: the fastest
+    measured L whose accuracy checks pass. ``times_us``: measured µs per step by L;
+    ``verdicts``: the candidate verdict by L where results exist; ``notes``: where the
+    measured times and the accuracy evidence do not cover the same L."""
+
+    name: str
+    family: str
+    times_us: dict[int, float]
+    verdicts: dict[int, str]
+    fastest_measured: int | None
+    chosen: int | None
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def choose_windows(candidates: list[Candidate], bench: Benchmark, bench_shape: str,
+                   batch: int) -> list[WindowChoice]:
+    """Per precision split among ``candidates`` with a window, the fastest L measured at
+    (``bench_shape``, ``batch``) whose candidate qualifies. An L with a time but no results,
+    or results but no time, is named in the notes and never chosen: the accuracy at an L
+    that was not run is not inferred from another L."""
+    families: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        if c.config.L > 1:
+            families.setdefault(window_family(c.config), []).append(c)
+    out = []
+    for fam, cands in families.items():
+        wins = bench.windows(bench_shape, batch, cands[0].config)
+        times = {L: r.window_us for L, r in wins.items() if math.isfinite(r.window_us)}
+        verdicts = dict(sorted((c.config.L, c.verdict) for c in cands))
+        fastest = min(times, key=lambda L: (times[L], L)) if times else None
+        passing = [L for L, v in verdicts.items() if v == "qualifies" and L in times]
+        chosen = min(passing, key=lambda L: (times[L], L)) if passing else None
+        notes = []
+        evid = ", ".join(f"L={L}" for L in verdicts)
+        if not times:
+            notes.append(f"no window measured for {bench_shape} at batch {batch}")
+        elif fastest not in verdicts:
+            notes.append(f"fastest measured L={fastest} ({times[fastest]:,.1f} µs) has no "
+                         f"accuracy results (evidence only at {evid}); not chosen")
+        elif verdicts[fastest] != "qualifies":
+            notes.append(f"fastest measured L={fastest} ({times[fastest]:,.1f} µs) is "
+                         f"{verdicts[fastest]}")
+        unmeasured = [L for L in verdicts if L not in times]
+        if unmeasured and times:
+            notes.append("accuracy results but no measured time at "
+                         + ", ".join(f"L={L}" for L in unmeasured))
+        if times and chosen is None:
+            notes.append("no measured L passes the budget")
+        out.append(WindowChoice(window_name(cands[0].config), fam, times, verdicts, fastest,
+                                chosen, notes))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- result
@@ -184,6 +305,7 @@ class Recommendation:
     closest: Candidate | None
     evidence: dict
     not_checked: list[str]
+    windows: list[WindowChoice] = field(default_factory=list)  # with a benchmark: L per split
 
     @property
     def exit_code(self) -> int:
@@ -243,6 +365,7 @@ class Recommendation:
             "rejected_cheaper": [{"name": c.name, "config": str(c.config), "reasons": c.reasons()}
                                  for c in (self.rejected_cheaper if pick else [])],
             "candidates": [c.to_dict() for c in self.candidates],
+            "window_lengths": [w.to_dict() for w in self.windows],
         })
 
     def write(self, out: str | Path, markdown: str) -> dict[str, Path]:
@@ -338,7 +461,8 @@ def recommend(
 
     ``shape``: the SSM layer shape for the byte counts (default: the one the results record).
     ``bench`` + ``batch``: rank by measured step time at that batch (default: the largest
-    batch measured). ``cost_basis``: ``auto`` (time with a benchmark, else bytes), ``bytes``,
+    batch measured), and choose each split's window length (``Recommendation.windows``).
+    ``cost_basis``: ``auto`` (time with a benchmark, else bytes), ``bytes``,
     ``time`` or ``memory`` (state held per sequence).
     Raises :class:`InputError` for input it cannot use.
     """
@@ -440,5 +564,6 @@ def recommend(
     if chosen is None:
         closest = min(candidates, key=lambda c: (c.worst_excess, c.cost.value is None,
                                                  c.cost.value or 0.0, c.name))
+    windows = choose_windows(candidates, bench, bench_shape, batch) if bench is not None else []
     return Recommendation(results.model, budget, layer, basis, candidates, chosen, closest,
-                          evidence, not_checked)
+                          evidence, not_checked, windows)

@@ -58,7 +58,11 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option(
             help="The model to recommend for, when the results hold several.")] = None,
         bench: Annotated[Path | None, typer.Option(
-            help="Kernel benchmark CSV (benchmarks/decode.py): rank by measured step time.")
+            "--bench", "--bench-table",
+            help="Kernel benchmark table (benchmarks/decode.py's decode.csv / decode.json, or "
+                 "window_l.json / .csv of a sweep over L): rank by measured step time, and "
+                 "choose each split's window length: the fastest L measured whose own "
+                 "accuracy results pass.")
         ] = None,
         batch: Annotated[int | None, typer.Option(
             help="Benchmark batch size to rank by (default: the largest measured).")] = None,
@@ -163,3 +167,9 @@ def _print(console: Console, rec) -> None:
                       f"{escape('; '.join(c.reasons()))}", soft_wrap=True)
     for note in rec.not_checked:
         console.print(f"[yellow]not checked:[/yellow] {escape(note)}")
+    for w in rec.windows:
+        times = ", ".join(f"L={L} {t:,.1f} µs" for L, t in w.times_us.items()) or "none measured"
+        console.print(f"window length of {escape(w.name)}: "
+                      + (f"[bold]L={w.chosen}[/bold]" if w.chosen else "none chosen")
+                      + escape(f" (measured: {times}"
+                               + "".join(f"; {n}" for n in w.notes) + ")"), soft_wrap=True)

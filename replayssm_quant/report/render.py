@@ -338,7 +338,29 @@ def recommendation_items(rec: Recommendation) -> list[Block]:
         items.append(Bullets([f"`{c.name}` (`{c.config}`): " + "; ".join(c.reasons())
                               for c in cheaper]))
     items.append(_candidate_table(rec))
+    if rec.windows:
+        items += _window_items(rec)
     return items
+
+
+def _window_items(rec: Recommendation) -> list[Block]:
+    """Each split's window length chosen from the measured times, with the L that were timed
+    but have no accuracy results named (never chosen)."""
+    bench = rec.evidence.get("bench") or {}
+    Ls = sorted({L for w in rec.windows for L in (*w.times_us, *w.verdicts)})
+    head = ["split", *(f"L={L}" for L in Ls), "chosen L", "notes"]
+    rows = []
+    for w in rec.windows:
+        cells = []
+        for L in Ls:
+            t = w.times_us.get(L)
+            v = w.verdicts.get(L, "no results")
+            cells.append(("–" if t is None else f"{t:,.1f} µs") + f" ({v})")
+        rows.append([w.name, *cells, str(w.chosen) if w.chosen else "–", "; ".join(w.notes)])
+    return [f"Window length per split: the fastest L measured ({bench.get('shape')}, batch "
+            f"{bench.get('batch')}) whose own accuracy results pass; an L without results "
+            "is not chosen.",
+            Table("Window length per split", head, rows, right=set(range(1, len(Ls) + 2)))]
 
 
 def recommendation_markdown(rec: Recommendation) -> str:
