@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
         model: Annotated[list[str] | None, typer.Option(
             help="Only these models (repeatable).")] = None,
         bench: Annotated[Path | None, typer.Option(
-            help="Kernel benchmark CSV: measured step times in the cost table.")] = None,
+            help="Kernel benchmark table (decode.csv / decode.json, window_l.json): measured "
+                 "step times in the cost table, and each split's window length.")] = None,
         batch: Annotated[int | None, typer.Option(
             help="Benchmark batch size (default: the largest measured).")] = None,
         shape: Annotated[str | None, typer.Option(
