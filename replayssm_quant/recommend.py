@@ -210,6 +210,8 @@ def choose_windows(candidates: list[Candidate], bench: Benchmark, bench_shape: s
         evid = ", ".join(f"L={L}" for L in verdicts)
         if not times:
             notes.append(f"no window measured for {bench_shape} at batch {batch}")
+        elif len(times) == 1:
+            notes.append(f"only L={fastest} timed: no other length to compare")
         elif fastest not in verdicts:
             notes.append(f"fastest measured L={fastest} ({times[fastest]:,.1f} µs) has no "
                          f"accuracy results (evidence only at {evid}); not chosen")

@@ -176,6 +176,10 @@ def test_recommend_cli_prints_the_window_choice(tmp_path):
                               "--out", str(tmp_path / "rec")])
     assert res.exit_code == 0, res.output
     assert f"window length of {SPLIT}" in res.output and "L=32" in res.output
+    one = write_bench(tmp_path / "one.csv", {"fp32": 100.0, f"{FAM},L=16": 31.0})
+    res = runner.invoke(app, ["recommend", str(drift), "--bench", str(one),
+                              "--out", str(tmp_path / "rec1")])
+    assert "only L=16 timed" in res.output
     md = (tmp_path / "rec" / "recommendation.md").read_text()
     assert "Window length per split" in md and "no results" in md
     data = json.loads((tmp_path / "rec" / "recommendation.json").read_text())
