@@ -2,7 +2,8 @@
 ``python -m benchmarks.<entry>``:
 
 * ``decode``: the decode-step sweep at the paper shapes (``decode targets``: the speed targets
-  over finished sweeps);
+  over finished sweeps; ``--L 8 16 32 64 --window-only``: the window length per shape,
+  ``windows`` writes its table);
 * ``tune_decode``: launch-knob sweeps and correctness at the paper shapes (``tune_decode
   variants``: A/B timing of a jobs file of variants, also across two checkouts);
 * ``emulate_check``: the whole-sequence emulator kernels against the reference;

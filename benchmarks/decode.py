@@ -4,6 +4,9 @@ measured in the same run, and the ratio to our conventional FP32 step.
 
     python -m benchmarks.decode --out reports/kernels            # full sweep
     python -m benchmarks.decode --batch 256 --L 16                # one batch, one L
+    python -m benchmarks.decode --L 8 16 32 64 --window-only      # the window length per shape
+    TRITON_INTERPRET=1 python -m benchmarks.decode --device cpu --tiny --L 2 4 --window-only \
+        --batch 1 --verify-T 0 --reps 1                           # a dry run without a GPU
     python -m benchmarks.decode targets A.json B.json --out targets.md   # the speed targets
 
 Each measurement replays a CUDA graph: whole windows of L steps, 16 steps to a graph (two
