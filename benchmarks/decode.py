@@ -483,7 +483,7 @@ def main(argv=None) -> int:
     unknown = [s for s in args.shapes if s not in shapes]
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(shapes)}")
-    cfgs = configs_for(args.L)
+    cfgs = configs_for(list(dict.fromkeys(args.L)))  # a length given twice is timed once
     if args.configs:
         cfgs = [c for c in cfgs if c.label in args.configs or c.label.split("@")[0] in args.configs]
     vcfgs = [c for c in cfgs if c.label in VERIFY_CONFIGS] if args.verify_T else []
