@@ -15,7 +15,9 @@ EOS, the decoder with no EOS ids), prefill included in the time. Each time is th
 fastest run is the one other work disturbed least (the JSON keeps every run's time).
 ``slowdown`` is replay time / ``generate()`` time (1.5: the replay path is 1.5x slower);
 ``match`` is the share of generated tokens equal to ``generate()``'s (1.0 expected for
-``fp32``, up to numerical near-ties).
+``fp32``, up to numerical near-ties). On the CPU each run's process CPU time is kept too, and
+``cpu slowdown`` compares the fastest runs by it: with one torch thread it counts this process's
+own work, which other jobs on a shared machine disturb much less than the wall clock.
 
 ``random:qwen3.5-4b`` and ``random:nemotron-3-nano-4b`` are randomly initialised models with the
 real layer shapes, cut to their first ``--layers`` layers (default: up to the first attention
@@ -41,7 +43,7 @@ from replayssm_quant.precision import parse_config, split_configs
 DEFAULT_CONFIGS = "fp32,replay-fp32,nvfp4-read/fp16-sr"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 COLUMNS = ("model", "config", "batch", "new_tokens", "replay_tok_s", "generate_tok_s",
-           "slowdown", "match")
+           "slowdown", "cpu_slowdown", "match")
 
 
 def _load(name: str, layers: int | None, device: str, dtype: torch.dtype):
@@ -80,12 +82,13 @@ def _replay_generate(decoder: ReplayDecoder, prompts: list[list[int]], n: int) -
     return torch.tensor([g.tokens for g in gens])
 
 
-def _timed(fn, device: torch.device) -> tuple[float, Any]:
+def _timed(fn, device: torch.device) -> tuple[float, float, Any]:
+    """(wall seconds, process CPU seconds, result)."""
     _sync(device)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     out = fn()
     _sync(device)
-    return time.perf_counter() - t, out
+    return time.perf_counter() - t, time.process_time() - c, out
 
 
 def measure(model, name: str, cfg: str, batch: int, new_tokens: int, prompt_tokens: int,
@@ -104,32 +107,41 @@ def measure(model, name: str, cfg: str, batch: int, new_tokens: int, prompt_toke
     warm = min(4, new_tokens)
     _hf_generate(model, ids, warm)
     _replay_generate(decoder, prompts, warm)
-    t_hf, t_rp = [], []
+    t_hf, t_rp, c_hf, c_rp = [], [], [], []
     for _ in range(repeats):
-        dt, ref = _timed(hf, device)
+        dt, dc, ref = _timed(hf, device)
         t_hf.append(dt)
-        dt, got = _timed(rp, device)
+        c_hf.append(dc)
+        dt, dc, got = _timed(rp, device)
         t_rp.append(dt)
+        c_rp.append(dc)
     hf_s, rp_s = min(t_hf), min(t_rp)
     tokens = batch * new_tokens
+    on_cpu = device.type == "cpu"  # a GPU run's CPU time is launch overhead, not the work
     return {
         "model": name, "config": parse_config(cfg).label, "batch": batch,
         "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
         "replay_tok_s": round(tokens / rp_s, 1), "generate_tok_s": round(tokens / hf_s, 1),
         "slowdown": round(rp_s / hf_s, 3),
+        "cpu_slowdown": round(min(c_rp) / min(c_hf), 3) if on_cpu else None,
         "match": round(float((ref.cpu() == got).float().mean()), 4),
         "replay_s": [round(t, 4) for t in t_rp], "generate_s": [round(t, 4) for t in t_hf],
+        "replay_cpu_s": [round(t, 4) for t in c_rp] if on_cpu else None,
+        "generate_cpu_s": [round(t, 4) for t in c_hf] if on_cpu else None,
         "kernels": "triton" if decoder.use_kernels else "reference",
     }
 
 
 def markdown(rows: list[dict], header: str) -> str:
+    cpu = any(r.get("cpu_slowdown") is not None for r in rows)
     lines = [header, "", "| model | config | batch | new tokens | replay tok/s | generate() tok/s "
-             "| slowdown | match | kernels |", "|" + "---|" * 9]
+             "| slowdown | " + ("cpu slowdown | " if cpu else "") + "match | kernels |",
+             "|" + "---|" * (10 if cpu else 9)]
     for r in rows:
+        c = f"{r['cpu_slowdown']:.2f} | " if cpu else ""
         lines.append(f"| {r['model']} | {r['config']} | {r['batch']} | {r['new_tokens']} | "
                      f"{r['replay_tok_s']:.1f} | {r['generate_tok_s']:.1f} | {r['slowdown']:.2f} | "
-                     f"{r['match']:.3f} | {r['kernels']} |")
+                     f"{c}{r['match']:.3f} | {r['kernels']} |")
     return "\n".join(lines) + "\n"
 
 
