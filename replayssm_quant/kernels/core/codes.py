@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rounding import PTX, finite_abs, round_fp8, round_grid, round_grid_rn_value, safe_div
+from .rounding import PTX, finite_abs, round_fp8, round_grid_rn_value, safe_div
 
 
 @triton.jit
@@ -24,28 +24,46 @@ def fp8_row_encode(x, r, SR: tl.constexpr):
 
 
 @triton.jit
-def e2m1_code(v):
-    """Values on the E2M1 grid -> 4-bit codes (sign in bit 3)."""
-    a = tl.abs(v)
-    idx = tl.where(a < 2.0, a * 2.0, tl.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).to(tl.int32)
-    sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
-    return idx | (sign << 3)
-
-
-@triton.jit
-def e2m1_rn_code(t):
+def e2m1_rn_code(t, FINITE: tl.constexpr = False):
     """fp32 t -> the 4-bit code of ``round_grid(t, .., 1, 0, 6.0, SR=False)`` (sign in bit 3;
     NaN -> 0, +-inf -> +-6), in about 16 operations instead of rounding then encoding:
     below 1 the grid is {0, 0.5, 1}, so ``2|t| + 2^23`` rounded once by an FMA leaves the
     code (0, 1 or 2) in the low mantissa bits; from 1 up to 6 the code is the exponent and
-    top mantissa bit of |t| rounded to one mantissa bit, ties to even, by an integer add."""
+    top mantissa bit of |t| rounded to one mantissa bit, ties to even, by an integer add.
+    FINITE: the caller guarantees no NaN, which saves the select."""
     a = tl.abs(t)
     small = ((a * 2.0 + 8388608.0).to(tl.int32, bitcast=True)) & 3
     bits = tl.minimum(a, 6.0).to(tl.int32, bitcast=True)
     big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
     idx = tl.where(a < 1.0, small, big)
     code = idx | ((t.to(tl.int32, bitcast=True) >> 28) & 8)
-    return tl.where(t != t, 0, code)
+    if not FINITE:
+        code = tl.where(t != t, 0, code)
+    return code
+
+
+@triton.jit
+def e2m1_sr_code(t, r, FINITE: tl.constexpr = False):
+    """fp32 t and 32-bit words r -> the 4-bit code of ``round_grid(t, r, 1, 0, 6.0, SR=True)``
+    (NaN -> 0), without the compare chain of encoding the rounded value: from 1 up, 22 fp32
+    mantissa bits lie below the E2M1 step, so ``u < frac`` is ``(r >> 10) < those bits``
+    and adding ``~r >> 10`` carries exactly when rounding up; clearing them, an integer
+    minimum with 6's bits and a shift leave the code (``round_fp8_sr``'s argument). Below 1
+    (step 1/2) the recipe's ``floor`` and ``frac`` of ``2|t|`` give 0, 1 or 2 directly.
+    FINITE: the caller guarantees no NaN."""
+    a = tl.abs(t)
+    ab = a.to(tl.int32, bitcast=True)
+    carry = ((r ^ 0xFFFFFFFF) >> 10).to(tl.int32, bitcast=True)  # ~r: see round_fp16_sr_wide
+    big = (tl.minimum((ab + carry) & -0x400000, 0x40C00000) >> 22) - 252
+    t2 = a * 2.0
+    fl = tl.floor(t2)
+    up = ((r >> 8).to(tl.float32) * 5.9604644775390625e-08) < (t2 - fl)
+    small = (fl + up.to(tl.float32)).to(tl.int32)
+    idx = tl.where(a < 1.0, small, big)
+    code = idx | ((t.to(tl.int32, bitcast=True) >> 28) & 8)
+    if not FINITE:
+        code = tl.where(t != t, 0, code)
+    return code
 
 
 @triton.jit
@@ -63,27 +81,50 @@ def e2m1_value(code):
 def nvfp4_row_encode(x, r, BR: tl.constexpr, N: tl.constexpr, SR: tl.constexpr):
     """Rows of x (BR, N) -> (packed codes (BR, N//16, 8) uint8, block scales (BR, N//16) fp32
     on the E4M3 grid, row scale (BR,), dequantized values (BR, N)). Works on a (BR, blocks, 16)
-    view throughout so block reductions need no further reshapes."""
+    view throughout so block reductions need no further reshapes.
+
+    The block maxima are integer maxima of the |x| bits (as integers NaN > inf > every
+    finite value, ordered like the values). A tile whose values are all finite and whose rows
+    are zero or have a maximum of at least 2^-106 (so ``1 / eff`` stays finite and every
+    scaled value is finite) skips the NaN and inf handling: no finite-masked maximum, no
+    NaN blocks, no inf fix-up, no NaN select in the encode. One maximum over the tile's
+    rows decides; any other tile runs the full recipe."""
     NB: tl.constexpr = N // 16
     x3 = tl.reshape(x, (BR, NB, 16))
-    ax = finite_abs(x3)
-    blk_amax = tl.max(ax, axis=2)
+    blk_bits = tl.max(x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
+    row_bits = tl.max(blk_bits, axis=1)
+    # zero, or (row max bits - 2^-106 bits) below (inf bits - 2^-106 bits), wrapping below
+    key = tl.where(row_bits == 0, 0, row_bits - 0x0A800000).to(tl.uint32, bitcast=True)
+    if tl.max(key, axis=0) < 0x75000000:
+        packed, s, rs, deq = _nvfp4_encode(x3, blk_bits.to(tl.float32, bitcast=True),
+                                           blk_bits > 0x7F800000, r, BR, N, SR, True)
+    else:
+        packed, s, rs, deq = _nvfp4_encode(x3, tl.max(finite_abs(x3), axis=2),
+                                           blk_bits > 0x7F800000, r, BR, N, SR, False)
+    return packed, s, rs, deq
+
+
+@triton.jit
+def _nvfp4_encode(x3, blk_amax, blk_nan, r, BR: tl.constexpr, N: tl.constexpr,
+                  SR: tl.constexpr, FINITE: tl.constexpr):
+    """``nvfp4_row_encode`` from the block maxima of finite |x| and the blocks holding a NaN;
+    FINITE: the tile holds no NaN or inf and every ``1 / eff`` is finite."""
+    NB: tl.constexpr = N // 16
     row_scale = tl.math.div_rn(tl.max(blk_amax, axis=1), 2688.0)
     s = safe_div(blk_amax, 6.0 * row_scale[:, None])
     s = tl.minimum(tl.maximum(s, 0.001953125), 448.0)
     s = round_grid_rn_value(s, 3, -6, 448.0)  # positive and finite here: the value form is exact
-    blk_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
-    s = tl.where(blk_nan, float("nan"), s)
+    if not FINITE:
+        s = tl.where(blk_nan, float("nan"), s)
     eff = s * row_scale[:, None]
     t = x3 * safe_div(1.0, eff)[:, :, None]
-    t = tl.where(tl.abs(x3) == float("inf"), x3, t)
+    if not FINITE:
+        t = tl.where(tl.abs(x3) == float("inf"), x3, t)
     if SR:
-        v = round_grid(t, tl.reshape(r, (BR, NB, 16)), 1, 0, 6.0, SR)
-        v = tl.where(v != v, 0.0, v)
-        code = e2m1_code(v)
+        code = e2m1_sr_code(t, tl.reshape(r, (BR, NB, 16)), FINITE)
     else:
-        code = e2m1_rn_code(t)
-        v = e2m1_value(code)
+        code = e2m1_rn_code(t, FINITE)
+    v = e2m1_value(code)
     lo, hi = tl.split(tl.reshape(code, (BR, NB, 8, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
     deq = tl.reshape(v * eff[:, :, None], (BR, N))
