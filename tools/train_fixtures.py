@@ -831,24 +831,28 @@ def probe_training_markdown(pt: dict | None) -> list[str]:
     """The card's "Probe training" section (``tools/train_probes.py``), empty without one."""
     if not pt:
         return []
-    d, acc = pt["data"], pt["check"]["accuracy"]
-    windows = ", then ".join(f"{n} steps at {w} tokens (batch {pt['batch_size'][w]})"
-                             for w, n in pt["steps_per_window"].items())
-    lines = [
-        "## Probe training",
-        "",
-        f"- Continued from {pt['init']}: {windows}; {pt['tokens_seen']:,} tokens, "
-        f"{pt['wall_seconds']:.0f} s on {pt['device']} ({pt['precision']}).",
-        f"- Mix: {d['probe_mix']:.0%} of each batch probe sequences, the rest play windows. Probe "
-        f"kinds per window length: {d['phases']}. RULER items: {d['ruler_items']} (seed "
-        f"{d['ruler_seed']}, padded into the window); carry_chain: {d['carry_chain_problems']} "
-        f"problems of {d['carry_chain_terms']} steps (seed {d['carry_chain_seed']}, packed).",
-        f"- Loss: {pt['loss']}. AdamW, peak lr {pt['lr']}, {pt['warmup_steps']} warm-up steps, "
-        f"{pt['schedule']}, residual dropout {pt['residual_dropout']}; long-memory heads' decay "
-        "kept fixed as above.",
-        f"- Shipped weights: step {pt['selected_step']} of {pt['steps']}, the last whose validation "
-        f"loss on the plays rose at most {pt['val_tolerance']:.0%} over the start. Held-out bits "
-        f"per byte before: {pt['held_out_bits_per_byte_before']:.4f} (now below).",
+    d, acc, sel = pt["data"], pt["check"]["accuracy"], pt["selection"]
+    lines = ["## Probe training", ""]
+    for i, run in enumerate(pt["runs"], 1):
+        windows = ", then ".join(f"{n} steps at {w} tokens (batch {run['batch_size'][w]})"
+                                 for w, n in run["steps_per_window"].items() if n)
+        lines.append(
+            f"- Run {i}, from {run['init']}: {windows}; {run['tokens_seen']:,} tokens, "
+            f"{run['wall_seconds']:.0f} s on {run['device']} ({run['precision']}); AdamW, peak "
+            f"lr {run['lr']}, {run['warmup_steps']} warm-up steps, {run['schedule']}, residual "
+            f"dropout {run['residual_dropout']}; shipped step {run['selected_step']}.")
+    lines += [
+        f"- Mix: {d['probe_mix']:.0%} of each batch probe sequences, the rest play windows. Stages "
+        f"(probe kinds and shares): {d['stages']}. RULER items: {d['ruler_items']} (seed "
+        f"{d['ruler_seed']}, padded into the window); short_niah: RULER's lines cut to "
+        f"{d.get('short_niah_lines')} filler lines with a fresh number each draw (packed); "
+        f"carry_chain: {d['carry_chain_problems']} problems of {d['carry_chain_terms']} steps "
+        f"(seed {d['carry_chain_seed']}, packed).",
+        f"- Loss: {pt['loss']}. Long-memory heads' decay kept fixed as above.",
+        f"- Checkpoint: {sel['rule']}, on {sel['items_per_ruler_length']} RULER training items "
+        f"per length held out of training and carry-chain problems of seed "
+        f"{sel['carry_chain_seed']}. Held-out bits per byte before: "
+        f"{pt['held_out_bits_per_byte_before']:.4f} (now below).",
         "",
         f"fp32 greedy accuracy on held-out items (seed {pt['check']['seed']}, the evaluation's "
         "default), measured by the training script:",

@@ -75,6 +75,7 @@ LENGTHS = (2048, 4096)
 TRAIN_SEED = 1  # RULER training items; eval's default seed is 0
 CARRY_TRAIN_SEED = 101  # carry-chain training problems; checks use seed 0 (eval's items)
 CHECK_SEED = 0
+SELECT_CARRY_SEED = 202  # carry-chain problems the checkpoint is chosen on
 PAD = 0
 
 
@@ -198,17 +199,79 @@ class ProbePool:
         return ids, mask
 
 
-PHASES = {  # probe kinds and their shares of the probe sequences, per window length
-    2048: {f"{RULER_TASK}@2048": 0.5, "carry_chain": 0.5},
-    4096: {f"{RULER_TASK}@4096": 0.4, f"{RULER_TASK}@2048": 0.2, "carry_chain": 0.4},
-}
+class ShortNeedlePool(ProbePool):
+    """RULER ``niah_single_1`` items cut to ``lines`` haystack lines with a fresh random
+    number: the retrieval curriculum's short stage. Built from the training items' text (the
+    instruction, filler, needle and question lines RULER wrote), so prompts keep the exact
+    format of the evaluation, only shorter; a new 7-digit number per draw stops the model
+    from memorising needles."""
+
+    def __init__(self, tok, source: ProbePool, lines: tuple[int, int], n_templates: int = 500):
+        self.name, self.tok, self.lines = "short_niah", tok, lines
+        self.templates = []
+        for seq, plen in zip(source.seqs[:n_templates], source.prompt_len[:n_templates], strict=True):
+            text = tok.decode(seq[:plen].tolist())
+            rows = text.split("\n")
+            needle = next(i for i, r in enumerate(rows) if re.search(r" is: \d+\.$", r))
+            filler = [r for i, r in enumerate(rows[1:-1], 1) if i != needle]
+            needle_fmt = re.sub(r"\d+\.$", "{}.", rows[needle])
+            self.templates.append((rows[0], max(set(filler), key=filler.count), needle_fmt, rows[-1]))
+        self.eos = tok.token_to_id(tf.SPECIALS[2])
+
+    def draw(self, rng: random.Random) -> tuple[np.ndarray, int]:
+        head, filler, needle, question = rng.choice(self.templates)
+        n = rng.randint(*self.lines)
+        number = str(rng.randrange(1_000_000, 10_000_000))
+        body = [filler] * n
+        body.insert(rng.randint(0, n), needle.format(number))
+        prompt = self.tok.encode("\n".join([head, *body, question]), add_special_tokens=False).ids
+        comp = self.tok.encode(" " + number + ".", add_special_tokens=False).ids + [self.eos]
+        return np.asarray(prompt + comp, np.int64), len(prompt)
+
+    def packed(self, rng: random.Random, window: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.full(window + 1, PAD, np.int64)
+        mask = np.zeros(window + 1, np.float32)
+        pos = 0
+        while True:
+            seq, plen = self.draw(rng)
+            if pos + len(seq) > window + 1:
+                break
+            ids[pos:pos + len(seq)] = seq
+            mask[pos + plen:pos + len(seq)] = 1.0
+            pos += len(seq)
+        return ids, mask
+
+
+# Probe kinds and their shares of the probe sequences per stage: (end of the stage as a share
+# of training, window, kinds). Retrieval starts short (RULER's format, a few filler lines)
+# where a copy from context is found in hundreds of steps, then moves to the full lengths.
+STAGES = [
+    (0.3, 2048, {"short_niah": 0.5, f"{RULER_TASK}@2048": 0.15, "carry_chain": 0.35}),
+    (0.6, 2048, {f"{RULER_TASK}@2048": 0.4, "short_niah": 0.15, "carry_chain": 0.45}),
+    (1.0, 4096, {f"{RULER_TASK}@4096": 0.4, f"{RULER_TASK}@2048": 0.15, "carry_chain": 0.45}),
+]
+# A continuation that has learnt retrieval: mostly carry chains (each of 48 lookups must be
+# right), retrieval kept in the mix so that it is not forgotten.
+CARRY_STAGES = [
+    (0.5, 2048, {"carry_chain": 0.7, f"{RULER_TASK}@2048": 0.15, "short_niah": 0.15}),
+    (1.0, 4096, {"carry_chain": 0.6, f"{RULER_TASK}@4096": 0.25, f"{RULER_TASK}@2048": 0.15}),
+]
+STAGE_SETS = {"curriculum": STAGES, "carry": CARRY_STAGES}
+
+
+def stage_at(frac: float, stages=STAGES) -> tuple[int, dict[str, float]]:
+    """The window and probe shares at ``frac`` of training."""
+    for end, window, kinds in stages:
+        if frac < end:
+            return window, kinds
+    return stages[-1][1], stages[-1][2]
 
 
 def make_batch(pools: dict[str, ProbePool], stream: torch.Tensor, window: int, batch: int,
-               mix: float, rng: random.Random, gen: torch.Generator):
-    """``batch`` sequences of ``window + 1`` tokens: play windows and packed probe sequences."""
+               mix: float, rng: random.Random, gen: torch.Generator, kinds: dict[str, float]):
+    """``batch`` sequences of ``window + 1`` tokens: play windows first, then packed probe
+    sequences; also the number of play rows."""
     n_probe = int(mix * batch) + (1 if rng.random() < mix * batch - int(mix * batch) else 0)
-    kinds = PHASES[window] if window in PHASES else PHASES[2048]
     names, weights = zip(*kinds.items(), strict=True)
     rows, masks = [], []
     starts = torch.randint(0, stream.numel() - window - 1, (batch - n_probe,), generator=gen)
@@ -219,32 +282,59 @@ def make_batch(pools: dict[str, ProbePool], stream: torch.Tensor, window: int, b
         ids, mask = pools[rng.choices(names, weights)[0]].packed(rng, window)
         rows.append(ids)
         masks.append(mask)
-    return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(masks))
+    return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(masks)), batch - n_probe
 
 
 # ----------------------------------------------------------------------------- checks
 
 
+def check_items(data, meta: dict, n: int) -> dict[str, list[tuple[np.ndarray, list[str]]]]:
+    """The held-out RULER check items (seed 0, ``eval``'s items): prompt ids and answers."""
+    out = {}
+    for key, answers in meta["answers"].items():
+        ids, offsets = data[f"check/{key}/ids"], data[f"check/{key}/offsets"]
+        out[key] = [(ids[offsets[i]:offsets[i + 1]].astype(np.int64), answers[i])
+                    for i in range(min(n, len(answers)))]
+    return out
+
+
+def selection_items(pools: dict[str, ProbePool], tok, n: int) -> dict[str, list]:
+    """``n`` RULER training items per length taken out of the pools before training: the
+    checkpoint is chosen on these, so the reported check items (seed 0) stay unseen."""
+    out = {}
+    for key, pool in pools.items():
+        if key == "carry_chain":
+            continue
+        items = []
+        for _ in range(n):
+            seq, plen = pool.seqs.pop(), pool.prompt_len.pop()
+            items.append((seq[:plen], [tok.decode(seq[plen:-1].tolist()).strip().rstrip(".")]))
+        out[key] = items
+    return out
+
+
 @torch.no_grad()
-def check_accuracy(model, tok, data, meta: dict, n: int, device, carry_terms: int = 48) -> dict:
-    """fp32 greedy accuracy on held-out items (seed 0): the needle in the first 16 generated
-    tokens (RULER's ``string_match_all``), and the boxed carry-chain answer."""
+def check_accuracy(model, tok, items: dict, n_carry: int, carry_seed: int, device,
+                   carry_terms: int = 48, quiet: bool = False) -> dict:
+    """fp32 greedy accuracy: the needle in the first 16 generated tokens (RULER's
+    ``string_match_all``) and the boxed carry-chain answer (problems of ``carry_seed``)."""
+    was_training = model.training
     model.eval()
     eos = tok.token_to_id(tf.SPECIALS[2])
     kw = {"do_sample": False, "eos_token_id": eos, "pad_token_id": PAD}
     out = {}
-    for key, answers in meta["answers"].items():
-        ids, offsets = data[f"check/{key}/ids"], data[f"check/{key}/offsets"]
+    for key, pairs in items.items():
         right = 0
-        items = min(n, len(answers))
-        for i in range(items):
-            x = torch.tensor(ids[offsets[i]:offsets[i + 1]].astype(np.int64), device=device)[None]
+        for prompt, answers in pairs:
+            x = torch.tensor(prompt, device=device)[None]
             gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, **kw)
             text = tok.decode(gen[0, x.shape[1]:].tolist())
-            right += all(a in text for a in answers[i])
-        out[key] = {"n": items, "correct": right, "accuracy": right / max(1, items)}
-        tf.log(f"check {key}: {right}/{items}")
-    docs = list(carry_chain_module().make_docs(n, CHECK_SEED,
+            right += all(a in text for a in answers)
+        out[key] = {"n": len(pairs), "correct": right, "accuracy": right / max(1, len(pairs))}
+        if not quiet:
+            tf.log(f"check {key}: {right}/{len(pairs)}")
+    n = n_carry
+    docs = list(carry_chain_module().make_docs(n, carry_seed,
                                                carry_chain_module().CarryChainDifficulty(carry_terms)))
     right = 0
     batch = 50
@@ -259,8 +349,19 @@ def check_accuracy(model, tok, data, meta: dict, n: int, device, carry_terms: in
             got = re.findall(r"\\boxed\{(\d+)\}", tok.decode(row))
             right += bool(got) and got[-1] == d["answer"]
     out["carry_chain"] = {"n": len(docs), "correct": right, "accuracy": right / max(1, len(docs))}
-    tf.log(f"check carry_chain: {right}/{len(docs)}")
+    if not quiet:
+        tf.log(f"check carry_chain: {right}/{len(docs)}")
+    model.train(was_training)
     return out
+
+
+TARGETS = {f"{RULER_TASK}@2048": 0.8, f"{RULER_TASK}@4096": 0.8, "carry_chain": 0.5}
+
+
+def probe_score(acc: dict) -> float:
+    """How close a checkpoint is to every target at once: the worst accuracy / target ratio,
+    capped at 1.25 per task so that a strong task cannot hide a weak one."""
+    return min(min(acc[k]["accuracy"] / t, 1.25) for k, t in TARGETS.items())
 
 
 # ----------------------------------------------------------------------------- train
@@ -274,21 +375,64 @@ def load_fixture(name: str, folder: Path, device):
     return model.to(device)
 
 
+def _teacher(name: str, args, device):
+    """The frozen plays model the plays rows are distilled from (``--teacher-from``)."""
+    teacher = load_fixture(name, Path(args.teacher_from) / name, device)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def batch_loss(model, teacher, seqs, masks, n_plays: int, autocast) -> torch.Tensor:
+    """Mean over sequences of each sequence's mean per-token loss: KL from the teacher on play
+    rows (``teacher`` given; cross-entropy on the text otherwise), cross-entropy on the
+    completion tokens of probe rows."""
+    with autocast():
+        logits = model(input_ids=seqs[:, :-1], use_cache=False).logits.float()
+    nll = F.cross_entropy(logits.flatten(0, 1), seqs[:, 1:].flatten(), reduction="none")
+    per_tok = nll.view(seqs.shape[0], -1)
+    if teacher is not None and n_plays:
+        with torch.no_grad(), autocast():
+            t_logits = teacher(input_ids=seqs[:n_plays, :-1], use_cache=False).logits.float()
+        t_logp = F.log_softmax(t_logits, -1)
+        kl = (t_logp.exp() * (t_logp - F.log_softmax(logits[:n_plays], -1))).sum(-1)
+        per_tok = torch.cat([kl, per_tok[n_plays:]])
+    m = masks[:, 1:]
+    return ((per_tok * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+
+
+def save_model(model, out: Path) -> None:
+    """bf16 ``model.safetensors`` into ``out`` (what the fixtures ship)."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        shipped = type(model)(model.config)
+        shipped.load_state_dict(state)
+        shipped.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+        shutil.copy2(Path(tmp) / "model.safetensors", out / "model.safetensors")
+
+
 def train_one(name: str, args, tok, corpus, data, meta) -> None:
     device = torch.device(args.device)
     init = Path(args.init_from) / name
     card = json.loads((init / "card.json").read_text())
+    before = card.get("probe_training", {}).get("held_out_bits_per_byte_before",
+                                                card["held_out_eval"]["bits_per_byte"])
     tf.set_seed(args.seed)
     model = load_fixture(name, init, device)
     model.train()
+    teacher = _teacher(name, args, device) if args.plays_loss == "kl" else None
     long_heads = {int(k): v for k, v in card["training"]["long_heads_at_init"].items()}
     hooks = tf.add_residual_dropout(model, args.dropout)
     hooks += tf.freeze_long_decay(model, long_heads)
     pools = {k: ProbePool.from_npz(data, k) for k in (f"{RULER_TASK}@{n}" for n in LENGTHS)}
+    select = selection_items(pools, tok, args.select_n)
     t0 = time.perf_counter()
     pools["carry_chain"] = ProbePool.carry_chain(tok, args.carry_pool, CARRY_TRAIN_SEED)
+    pools["short_niah"] = ShortNeedlePool(tok, pools[f"{RULER_TASK}@{LENGTHS[0]}"], (2, 24))
     tf.log(f"{name}: {args.carry_pool} carry-chain problems encoded ({time.perf_counter() - t0:.0f}s); "
-           f"pools " + ", ".join(f"{k} {len(p.seqs)}" for k, p in pools.items()))
+           f"pools " + ", ".join(f"{k} {len(getattr(p, 'seqs', []))}" for k, p in pools.items()))
     use_bf16 = device.type == "cuda"
 
     def autocast():
@@ -299,33 +443,49 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
                             betas=(0.9, 0.95), eps=1e-8, **opt_kw)
     rng = random.Random(f"probe-train:{name}:{args.seed}")
     gen = torch.Generator().manual_seed(args.seed + 1)
-    stream = corpus.train
     budget = args.minutes * 60.0
     step, tokens_seen, phase_steps = 0, 0, {2048: 0, 4096: 0}
     base_val = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
     limit = base_val * (1 + args.val_tolerance)
     history = [{"step": 0, "val_nats_per_token": base_val, "seconds": 0.0}]
-    kept = (0, None)  # last step whose plays validation loss was within the tolerance
+    best = {"step": None, "score": -1.0, "state": None}
+    out = Path(args.out) / name
     tf.log(f"{name}: plays val {base_val:.4f} nats/token before; keeping checkpoints <= {limit:.4f}")
+
+    def checkpoint(elapsed: float) -> bool:
+        """Plays validation, then (within the limit) the selection check; keeps the best
+        checkpoint on disk at once. True when every selection target is met with margin."""
+        vl = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
+        entry = {"step": step, "val_nats_per_token": vl, "seconds": elapsed}
+        history.append(entry)
+        if vl > limit:
+            tf.log(f"{name}: step {step} plays val {vl:.4f} > {limit:.4f}: not a candidate")
+            return False
+        acc = check_accuracy(model, tok, select, args.select_n, SELECT_CARRY_SEED, device, quiet=True)
+        score = probe_score(acc)
+        entry["selection"] = {k: v["accuracy"] for k, v in acc.items()}
+        tf.log(f"{name}: step {step} plays val {vl:.4f}, selection "
+               + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in acc.items()) + f" (score {score:.2f})")
+        if score > best["score"]:
+            best.update(step=step, score=score,
+                        state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+            save_model(model, out)
+        return score >= args.stop_score
+
     t_start = last_val = time.perf_counter()
     while True:
         elapsed = time.perf_counter() - t_start
         frac = step / args.steps if args.steps else elapsed / budget
         if frac >= 1.0:
             break
-        window = LENGTHS[0] if frac < args.phase1_share else LENGTHS[1]
+        window, kinds = stage_at(frac, STAGE_SETS[args.stages])
         batch = args.batch_size if window == LENGTHS[0] else max(1, args.batch_size // 2)
         warm = min(1.0, (step + 1) / args.warmup)
         lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for group in opt.param_groups:
             group["lr"] = lr
-        seqs, masks = make_batch(pools, stream, window, batch, args.probe_mix, rng, gen)
-        seqs, masks = seqs.to(device), masks.to(device)
-        with autocast():
-            logits = model(input_ids=seqs[:, :-1], use_cache=False).logits
-        nll = F.cross_entropy(logits.float().flatten(0, 1), seqs[:, 1:].flatten(), reduction="none")
-        m = masks[:, 1:]
-        loss = ((nll.view_as(m) * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+        seqs, masks, n_plays = make_batch(pools, corpus.train, window, batch, args.probe_mix, rng, gen, kinds)
+        loss = batch_loss(model, teacher, seqs.to(device), masks.to(device), n_plays, autocast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -337,64 +497,93 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
             tf.log(f"{name}: step {step} ({window}) loss {loss.item():.4f} gnorm {gnorm.item():.2f} "
                    f"lr {lr:.2e} {time.perf_counter() - t_start:.0f}s")
         if time.perf_counter() - last_val > args.val_seconds:
-            vl = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
-            history.append({"step": step, "val_nats_per_token": vl,
-                            "seconds": time.perf_counter() - t_start})
-            tf.log(f"{name}: step {step} plays val {vl:.4f} nats/token")
-            if vl <= limit:
-                kept = (step, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+            if checkpoint(time.perf_counter() - t_start):
+                tf.log(f"{name}: selection targets met at step {step}: stopping")
+                break
             last_val = time.perf_counter()
     wall = time.perf_counter() - t_start
-    vl = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
-    history.append({"step": step, "val_nats_per_token": vl, "seconds": wall})
-    selected = step
-    if vl > limit and kept[1] is not None:
-        tf.log(f"{name}: plays val {vl:.4f} > {limit:.4f} at the end: restoring step {kept[0]}")
-        model.load_state_dict(kept[1])
-        selected = kept[0]
-    elif vl > limit:
-        tf.log(f"{name}: plays val {vl:.4f} > {limit:.4f} and no earlier checkpoint within it")
+    if not history[-1]["step"] == step:
+        checkpoint(wall)
+    if best["state"] is None:
+        tf.log(f"{name}: no checkpoint within the plays limit; shipping the last step")
+        best.update(step=step, state=None)
+    else:
+        tf.log(f"{name}: selected step {best['step']} (score {best['score']:.2f})")
+        model.load_state_dict(best["state"])
     for h in hooks:
         h.remove()
     model.to(torch.bfloat16).to(torch.float32)  # evaluate what is shipped
     metrics = tf.evaluate(model, tok, corpus, LENGTHS[0], device)
-    before = card["held_out_eval"]["bits_per_byte"]
     tf.log(f"{name}: held-out {metrics['bits_per_byte']:.4f} bits/byte (before {before:.4f}, "
            f"{metrics['bits_per_byte'] / before - 1:+.2%})")
-    acc = check_accuracy(model, tok, data, meta, args.check_n, device)
-    summary = ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in acc.items())
-    tf.log(f"{name}: fp32 greedy accuracy {summary}")
+    acc = check_accuracy(model, tok, check_items(data, meta, args.check_n), args.check_n,
+                         CHECK_SEED, device)
+    tf.log(f"{name}: fp32 greedy accuracy " + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in acc.items()))
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else None
     card["held_out_eval"] = {k: v for k, v in metrics.items() if k != "decay_spectrum"}
     card["decay_spectrum"] = metrics["decay_spectrum"]
     card["heads_ge_0999"] = sum(r["heads_ge_0999"] for r in metrics["decay_spectrum"])
-    card["probe_training"] = {
-        "init": "the weights of the plays-only training above (same tokenizer)",
-        "held_out_bits_per_byte_before": before,
-        "data": {"probe_mix": args.probe_mix, "phases": {str(k): v for k, v in PHASES.items()},
-                 "ruler_items": {k: len(p.seqs) for k, p in pools.items() if k != "carry_chain"},
-                 "ruler_seed": meta["train_seed"], "carry_chain_problems": args.carry_pool,
-                 "carry_chain_seed": CARRY_TRAIN_SEED, "carry_chain_terms": 48},
-        "loss": "plays: every token; probe sequences: completion tokens; mean per sequence",
-        "steps": step, "selected_step": selected, "val_tolerance": args.val_tolerance,
+    runs = card.get("probe_training", {}).get("runs", [])
+    runs.append({
+        "init": Path(args.init_from).resolve().relative_to(ROOT, walk_up=True).as_posix(),
+        "stages": args.stages, "steps": step,
+        "selected_step": best["step"],
         "steps_per_window": {str(k): v for k, v in phase_steps.items()},
         "batch_size": {str(LENGTHS[0]): args.batch_size, str(LENGTHS[1]): max(1, args.batch_size // 2)},
-        "lr": args.lr, "warmup_steps": args.warmup, "schedule": "cosine over the time budget to 0.1x",
+        "lr": args.lr, "warmup_steps": args.warmup, "schedule": "cosine over the budget to 0.1x",
         "residual_dropout": args.dropout, "tokens_seen": tokens_seen, "wall_seconds": wall,
         "minutes_budget": args.minutes, "device": gpu or platform.processor() or "cpu",
         "precision": "bf16 autocast, fp32 master weights" if gpu else "fp32",
         "torch": torch.__version__, "val_history": history,
+    })
+    card["probe_training"] = {
+        "init": "the weights of the plays-only training above (same tokenizer)",
+        "held_out_bits_per_byte_before": before,
+        "data": {"probe_mix": args.probe_mix,
+                 "stages": {name: {f"until {end:g}": {"window": w, **kinds} for end, w, kinds in st}
+                            for name, st in STAGE_SETS.items()},
+                 "ruler_items": {k: len(p.seqs) for k, p in pools.items() if k.startswith(RULER_TASK)},
+                 "short_niah_lines": list(pools["short_niah"].lines),
+                 "ruler_seed": meta["train_seed"], "carry_chain_problems": args.carry_pool,
+                 "carry_chain_seed": CARRY_TRAIN_SEED, "carry_chain_terms": 48},
+        "loss": ("plays: KL from the plays-only model per token" if teacher is not None
+                 else "plays: cross-entropy on every token")
+                + "; probe sequences: completion tokens; mean per sequence",
+        "selection": {"items_per_ruler_length": args.select_n, "carry_chain_seed": SELECT_CARRY_SEED,
+                      "rule": "best min(accuracy / target) among checkpoints whose plays "
+                              f"validation loss rose at most {args.val_tolerance:.0%}",
+                      "targets": TARGETS},
+        "runs": runs,
         "check": {"seed": CHECK_SEED, "dtype": "float32 (bf16-stored weights)", "decoding": "greedy",
                   "accuracy": acc},
     }
-    out = Path(args.out) / name
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
-        shutil.copy2(Path(tmp) / "model.safetensors", out / "model.safetensors")
+    save_model(model, out)
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     (out / "card.md").write_text(tf.card_markdown(card, model.config))
     tf.log(f"{name}: wrote {out}")
+
+
+def compile_gdn_chunk() -> None:
+    """Train Qwen3.5's Gated DeltaNet through ``torch.compile`` of transformers' chunked
+    reference (FLA's chunked backward refuses Triton < 3.7.1 on Hopper). Compiled for the
+    training shapes only (grad enabled); generation and validation stay eager; any compile
+    failure falls back to eager for good."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
+    eager = mq.torch_chunk_gated_delta_rule
+    compiled = torch.compile(eager, dynamic=False)
+    state = {"ok": True}
+
+    def chunk(*a, **kw):
+        if state["ok"] and torch.is_grad_enabled():
+            try:
+                return compiled(*a, **kw)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure means eager
+                state["ok"] = False
+                tf.log(f"torch.compile of the GDN chunk failed ({type(exc).__name__}); eager from now")
+        return eager(*a, **kw)
+
+    mq.torch_chunk_gated_delta_rule = chunk
 
 
 def train(args) -> int:
@@ -412,6 +601,8 @@ def train(args) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     tf.install_fast_mamba2_scan()
+    if args.compile_gdn:
+        compile_gdn_chunk()
     tok = Tokenizer.from_file(str(tok_file))
     gut = tf._gutenberg()
     train_texts, held_texts = gut.split_plays(data_dir / "gutenberg")
@@ -442,19 +633,34 @@ def parse_args(argv=None):
     t.add_argument("--minutes", type=float, default=5.5, help="training time per model")
     t.add_argument("--steps", type=int, default=None, help="fixed step count instead of --minutes")
     t.add_argument("--probe-mix", type=float, default=0.5, help="share of probe sequences per batch")
-    t.add_argument("--phase1-share", type=float, default=0.5, help="share of training at 2,048 tokens")
     t.add_argument("--batch-size", type=int, default=None, help="at 2,048 (halved at 4,096); "
                    "default 16 on GPU, 2 on CPU")
-    t.add_argument("--lr", type=float, default=8e-4)
+    t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--warmup", type=int, default=30)
     t.add_argument("--weight-decay", type=float, default=0.1)
     t.add_argument("--dropout", type=float, default=0.1)
     t.add_argument("--carry-pool", type=int, default=6000, help="carry-chain training problems")
-    t.add_argument("--check-n", type=int, default=50, help="check items per task")
-    t.add_argument("--val-seconds", type=float, default=30.0, help="plays validation interval")
+    t.add_argument("--check-n", type=int, default=100, help="held-out check items per task "
+                   "(reported in the card)")
+    t.add_argument("--select-n", type=int, default=24, help="items per task the checkpoint is "
+                   "chosen on (RULER items taken out of training; carry-chain seed 202)")
+    t.add_argument("--stop-score", type=float, default=1.2, help="stop once the selection "
+                   "score (worst accuracy / target, capped at 1.25) reaches this")
+    t.add_argument("--plays-loss", choices=("kl", "ce"), default="kl", help="plays rows: KL "
+                   "from --teacher-from (keeps the plays model without overfitting its small "
+                   "corpus) or cross-entropy on the text")
+    t.add_argument("--teacher-from", default=str(tf.DEFAULT_OUT), help="fixtures folder of "
+                   "the plays-only models (default: the shipped)")
+    t.add_argument("--val-seconds", type=float, default=45.0, help="seconds between plays "
+                   "validation + selection checks")
     t.add_argument("--val-windows", type=int, default=24)
     t.add_argument("--val-tolerance", type=float, default=0.04,
-                   help="ship the last checkpoint whose plays validation loss rose at most this much")
+                   help="checkpoints whose plays validation loss rose more than this are not candidates")
+    t.add_argument("--stages", choices=tuple(STAGE_SETS), default="curriculum", help="probe "
+                   "mix over training: 'curriculum' (short needles first, then 2,048 and 4,096) "
+                   "or 'carry' (mostly carry chains; for a continuation that already retrieves)")
+    t.add_argument("--compile-gdn", action="store_true", help="train Qwen3.5's GDN layers "
+                   "through torch.compile of transformers' chunked reference")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
