@@ -3,7 +3,8 @@ encoders (``e2m1_rn_code``, ``e2m1_sr_code``, integer bit operations on the scal
 fp32 bit patterns that cover every exponent up to 16 with each top-four mantissa pattern, the
 ties and their neighbours, both zeros, subnormals, infinities and NaNs, with and without the
 NaN select; and ``nvfp4_row_encode`` (codes, scales, dequantized values) on tiles that take
-its finite fast path and on tiles that each hold one value sending it to the full recipe."""
+its finite fast path and on tiles that each hold one value sending it to the full recipe.
+Also runs compiled on a GPU (``TRITON_INTERPRET=0``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ NVFP4 = F.canonical_format("nvfp4")
 @triton.jit
 def _codes_kernel(t_ptr, r_ptr, out_ptr, N: tl.constexpr, SR: tl.constexpr,
                   FINITE: tl.constexpr):
-    i = tl.arange(0, N)
+    i = tl.program_id(0) * N + tl.arange(0, N)
     t = tl.load(t_ptr + i)
     if SR:
         code = e2m1_sr_code(t, tl.load(r_ptr + i), FINITE)
@@ -53,11 +54,12 @@ def _want_codes(t: torch.Tensor, rounding: str, r: torch.Tensor | None) -> torch
 
 
 def _run_codes(t: torch.Tensor, r: torch.Tensor, sr: bool, finite: bool) -> torch.Tensor:
-    n = triton.next_power_of_2(t.numel())
+    block = 1024
+    n = triton.cdiv(t.numel(), block) * block
     tp = torch.cat([t, torch.zeros(n - t.numel())]).to(DEV)
     rp = torch.cat([r, torch.zeros(n - r.numel(), dtype=r.dtype)]).to(torch.uint32).to(DEV)
     out = torch.full((n,), -1, dtype=torch.int32, device=DEV)
-    _codes_kernel[(1,)](tp, rp, out, N=n, SR=sr, FINITE=finite)
+    _codes_kernel[(n // block,)](tp, rp, out, N=block, SR=sr, FINITE=finite)
     return out.cpu()[:t.numel()]
 
 
