@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Continue training the fixture models on the plays mixed with probe-task examples.
 
-The shipped fixtures write play-like text whatever they are asked, so every probe task scores 0
+The plays-only fixtures write play-like text whatever they are asked, so every probe task scores 0
 on them. This script continues their training (same weights, same tokenizer) on a mix of the
 Gutenberg plays and examples of the probe tasks in their exact evaluation prompts, so that the
 fixtures retrieve a RULER ``niah_single_1`` needle at 2,048 and 4,096 tokens and walk a
@@ -15,30 +15,35 @@ the Gutenberg archive, so that ``train`` needs only torch, transformers, tokeniz
 
     python tools/train_probes.py prepare --out .probe-data
 
-``train`` (GPU) starts from ``--init-from`` (default: the shipped fixture), trains for
-``--minutes``: first 2,048-token windows, then 4,096 (``--phase1-share`` of the time), a
-``--probe-mix`` share of each batch being probe sequences (RULER items padded into the window,
-carry-chain problems generated from seeds != 0 and packed), then measures held-out bits per byte,
-the decay spectrum and fp32 greedy accuracy on held-out items, and writes ``model.safetensors``,
-``card.json`` and ``card.md`` into ``<out>/<model>/``. The GPU command (one H200, both models in
-parallel, about 8 minutes, results under ``$OUT``)::
+``train`` (GPU) starts from ``--init-from`` (default: the shipped fixture) and trains for
+``--minutes`` on batches of play windows and packed probe sequences (``--probe-mix`` of each
+batch), in ``--stages`` (``curriculum``: short needles first, then 2,048 tokens, then 4,096;
+``carry``: mostly carry chains, for a continuation). Every ``--val-seconds`` it measures the
+plays validation loss and, within ``--val-tolerance`` of the start, fp32 greedy accuracy on
+RULER training items held out of training and carry-chain problems of seed 202; the best
+checkpoint (worst task's accuracy / target) is written to ``<out>/<model>/`` at once, so a run
+cut short still leaves it. At the end it measures held-out bits per byte, the decay spectrum and
+accuracy on 100 held-out check items per task (seed 0, ``eval``'s items) and writes
+``model.safetensors``, ``card.json`` and ``card.md``. The commands that trained the shipped
+nemotron-h-tiny, on one H100 with ``.probe-data`` carried to the machine and without
+``fla-core`` on the path (with it, transformers trains Qwen3.5's GDN layers through FLA's
+chunked kernels, whose backward refuses Triton < 3.7.1 on Hopper)::
 
-    mkdir -p $OUT && (for m in nemotron-h-tiny qwen3.5-tiny; do python3 tools/train_probes.py \\
-      train --models $m --data .probe-data --device cuda --minutes 5.5 --out $OUT & done; wait) \\
-      > $OUT/train.log 2>&1; grep -E "accuracy|bits/byte|restoring|wrote|Error" $OUT/train.log
+    python3 tools/train_probes.py train --models nemotron-h-tiny --data .probe-data \
+      --device cuda --minutes 7 --probe-mix 0.75 --val-seconds 50 --out $OUT
+    python3 tools/train_probes.py train --models nemotron-h-tiny --data .probe-data \
+      --device cuda --init-from <run 1's folder> --stages carry --lr 3e-4 --warmup 20 \
+      --minutes 3 --probe-mix 0.75 --val-seconds 40 --out $OUT
 
-(with ``.probe-data`` carried to the machine, and without ``fla-core`` on the path: with it,
-transformers trains Qwen3.5's GDN layers through FLA's chunked kernels, whose backward refuses
-Triton < 3.7.1 on Hopper). Known limit of this recipe, from its one H200 run: 5.5 minutes at
-the default learning rate took nemotron-h-tiny's plays validation loss from 3.79 to 4.86 nats
-while the probe loss fell, so the plays-loss checkpoint rule restored step 380, which scored 0%
-on every probe. The next run should choose the checkpoint by probe accuracy within the 5%
-bits-per-byte limit, at a lower learning rate or plays share. CPU smoke run::
+CPU smoke run::
 
-    python tools/train_probes.py train --models nemotron-h-tiny --device cpu --minutes 0.2 \\
-      --check-n 1 --carry-pool 16 --out /tmp/probe-smoke
+    python tools/train_probes.py train --models nemotron-h-tiny --device cpu --steps 4 \
+      --check-n 1 --select-n 1 --carry-pool 8 --val-seconds 1000 --val-windows 1 \
+      --out /tmp/probe-smoke
 
-Loss: play windows train on every token; probe sequences on their completions only (the answer
+Loss: play windows are distilled from the plays-only model (KL per token, ``--plays-loss kl``;
+the plays-only fixture sits at its best validation step, and cross-entropy on its small corpus
+overfits within minutes); probe sequences train on their completions only (the answer
 a model generates), and each sequence's loss is its mean over the tokens it trains, averaged over
 the batch. A RULER prompt is ~2,000 tokens of repeated filler around ~10 answer tokens: summed
 over tokens, the filler would swamp the answer and teach the plays' model to predict filler;
