@@ -1,10 +1,10 @@
 """The CI probe policy fails the gate on the positive control and only on it.
 
 A small carry_chain run on a fixture with answers planted through the real decode path (a
-responder): fp32 and ``nvfp4-read/fp32`` answer every item right, the conventional NVFP4 state
-``ckpt=nvfp4,read=none,L=1`` (the positive control) answers three items in four wrong. The
-gate with ``ci/probe_policy.yaml`` must exit 1, name the control as failed and pass the read
-copy.
+responder): fp32, ``nvfp4-read/fp32`` and ``nvfp4-read/fp16-sr`` answer every item right,
+the conventional NVFP4 state ``ckpt=nvfp4,read=none,L=1`` (the positive control) answers three
+items in four wrong. The gate with ``ci/probe_policy.yaml`` must exit 1, name the control as
+failed and pass the read copies.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ POLICY = Path(__file__).resolve().parents[1] / "ci" / "probe_policy.yaml"
 MODEL = "nemotron-h-tiny"
 CONTROL = "ckpt=nvfp4,read=none,L=1"
 READ_COPY = "nvfp4-read/fp32"
+SR_COPY = "nvfp4-read/fp16-sr"
 ITEMS = 16
 
 
@@ -65,10 +66,10 @@ def probe_runs(tmp_path_factory) -> tuple[Path, Path]:
                         cache=cache)
         return {r["name"]: r["accuracy"] for r in res.summary["results"]}
 
-    assert run(root / "ci-probe", (READ_COPY,)) == {"fp32": 1.0, READ_COPY: 1.0}
+    assert run(root / "ci-probe", (READ_COPY, SR_COPY)) == {"fp32": 1.0, READ_COPY: 1.0, SR_COPY: 1.0}
     shutil.copytree(root / "ci-probe", root / "with-control")
-    acc = run(root / "with-control", (READ_COPY, CONTROL))
-    assert acc == {"fp32": 1.0, READ_COPY: 1.0, CONTROL: 0.25}
+    acc = run(root / "with-control", (READ_COPY, SR_COPY, CONTROL))
+    assert acc == {"fp32": 1.0, READ_COPY: 1.0, SR_COPY: 1.0, CONTROL: 0.25}
     return root / "ci-probe", root / "with-control"
 
 
