@@ -147,10 +147,18 @@ def _probe_options(model: str, specs: list[Any], context_lengths: str,
 def _check_inputs(model: str, specs: list[Any], data: Path | None, out: Path) -> None:
     """Output folder, model and data checked in a second or two, before lm-eval starts."""
     from ..evals.generated import is_generated
+    from ..models.fixture import FIXTURES, probe_trained
     from ..models.loading import check_model, hub_offline, hub_reachable
 
     check_out_dir(out)
     check_model(model)
+    probes = [s.key for s in specs if is_generated(s)]
+    if probes and model in FIXTURES and not probe_trained(model):
+        trained = [f for f in FIXTURES if probe_trained(f)]
+        raise BadInput(f"fixture {model} has no probe training, so it scores 0 on "
+                       f"{', '.join(probes)} under every config; use "
+                       f"{' or '.join(trained) or 'a probe-trained model'}, or train it with "
+                       "tools/train_probes.py")
     needs_data = [s.key for s in specs if not is_generated(s)]
     if data is not None:
         check_in_path(data, "--data", folder=True)

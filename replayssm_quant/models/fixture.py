@@ -8,6 +8,7 @@ the production Hugging Face classes, trained on Project Gutenberg plays by
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -28,6 +29,14 @@ def fixture_path(name: str) -> Path:
             f"fixture {name!r} is not present at {path}; rebuild it with tools/train_fixtures.py"
         )
     return path
+
+
+def probe_trained(name: str) -> bool:
+    """Whether fixture ``name`` was also trained on the probe tasks (``tools/train_probes.py``
+    writes a ``probe_training`` section into its card); one that was not writes play-like text
+    on every probe prompt, so its probe accuracy is 0 under every config."""
+    card = json.loads((fixture_path(name) / "card.json").read_text())
+    return "probe_training" in card
 
 
 def fixture(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
