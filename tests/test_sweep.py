@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from replayssm_quant.cli.app import app  # noqa: E402
 from replayssm_quant.evals.drift import run_drift  # noqa: E402
 from replayssm_quant.evals.suite import SuiteProgress, SuiteSettings, run_suite  # noqa: E402
 from replayssm_quant.sweep.plan import model_slug  # noqa: E402
+from tests.test_until_decided import carry_answer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("nemotron-h-tiny", "qwen3.5-tiny")
@@ -40,16 +40,6 @@ FAIL_ENV = "SWEEP_TEST_FAIL_CONFIG"
 DRIFT = dict(data="gutenberg", docs=2, max_tokens=256, prefill=128)
 EVAL = dict(tasks=["carry_chain"], limit=2, max_gen_toks=64, carry_terms=2, batch_size=8,
             resamples=200)
-
-
-def carry_answer(context: str) -> int:
-    """The walk's end, computed from the problem text."""
-    table = [int(v) for _, v in re.findall(r"f\((\d)\) = (\d)", context)[-10:]]
-    x = int(re.findall(r"Let \$x_\{0\} = (\d)\$", context)[-1])
-    steps = int(re.findall(r"find \$x_\{(\d+)\}\$", context)[-1])
-    for _ in range(steps):
-        x = table[x]
-    return x
 
 
 def planted(model: str, task: str, config: str):

@@ -192,10 +192,7 @@ def _models(raw: Any, source: str) -> tuple[ModelEntry, ...]:
 def _drift(raw: Any, configs: Any, base: Path, source: str) -> DriftSection | None:
     if raw is None:
         return None
-    where = f"{source}: drift"
-    if not isinstance(raw, dict):
-        raise PlanError(f"{where} must be a mapping")
-    _no_unknown(raw, _DRIFT_KEYS, where)
+    where = _section(raw, _DRIFT_KEYS, f"{source}: drift")
     data = _str(raw.get("data", "gutenberg"), "drift.data", source)
     if data.split(":")[0] not in _BUILTIN_DATA:
         local = _path(data, base)
@@ -223,10 +220,7 @@ def _drift(raw: Any, configs: Any, base: Path, source: str) -> DriftSection | No
 def _eval(raw: Any, configs: Any, base: Path, source: str) -> EvalSection | None:
     if raw is None:
         return None
-    where = f"{source}: eval"
-    if not isinstance(raw, dict):
-        raise PlanError(f"{where} must be a mapping")
-    _no_unknown(raw, _EVAL_KEYS, where)
+    where = _section(raw, _EVAL_KEYS, f"{source}: eval")
     tasks = raw.get("tasks")
     if isinstance(tasks, str):
         tasks = [t.strip() for t in tasks.split(",") if t.strip()]
@@ -369,6 +363,14 @@ def _eval_units(model: str, folder: Path, e: EvalSection) -> list[Unit]:
 
 
 # ----------------------------------------------------------------------------------- readers
+def _section(raw: Any, allowed: set[str], where: str) -> str:
+    """Check that a plan section is a mapping of known keys; returns ``where`` for messages."""
+    if not isinstance(raw, dict):
+        raise PlanError(f"{where} must be a mapping")
+    _no_unknown(raw, allowed, where)
+    return where
+
+
 def _no_unknown(raw: dict, allowed: set[str], where: str) -> None:
     unknown = sorted(str(k) for k in raw if k not in allowed)
     if unknown:
