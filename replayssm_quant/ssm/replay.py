@@ -68,7 +68,6 @@ class ReadCache:
     fresh: torch.Tensor
 
 
-
 @dataclass(kw_only=True)
 class ReplayState:
     """One SSM layer's decode state for ``num_slots`` cache slots.
