@@ -98,6 +98,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("eval-bad-backend", [*EVAL, "--backend", "tpu", "--out", "{tmp}/o"], "--backend"),
     ("eval-unknown-task", ["eval", "random:mamba2", "--tasks", "nope", "--out", "{tmp}/o"],
      "nope"),
+    ("eval-unknown-carry-rule", ["eval", "nemotron-h-tiny", "--tasks", "carry_chain",
+                                 "--carry-rule", "nope", "--out", "{tmp}/o"], "--carry-rule"),
     ("eval-fixture-without-probe-training", ["eval", "qwen3.5-tiny", "--tasks", "carry_chain",
                                              "--out", "{tmp}/o"], "no probe training"),
     # case 9: no warnings before the error line for data that holds nothing usable

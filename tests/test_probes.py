@@ -166,6 +166,24 @@ def test_carry_chain_generator_is_seeded_and_long(tokenizer):
         CarryChainDifficulty(terms=1)
 
 
+def test_carry_chain_shift_rule_states_only_the_shift(tokenizer):
+    """``shift``: f(x) = x + s mod 10 in the prompt (no table), same solution lines; the table
+    default is unchanged by the rule option."""
+    docs = list(make_docs(8, seed=3, difficulty=CarryChainDifficulty(rule="shift")))
+    assert {d["rule"] for d in docs} == {"shift"}
+    for d in docs:
+        s = int(re.search(r"f\(x\) = x \+ (\d)\$ modulo 10", d["problem"]).group(1))
+        assert s in (1, 3, 7, 9) and "table" not in d["problem"]
+        assert d["table"] == [(k + s) % 10 for k in range(10)]
+        assert int(d["answer"]) == (d["start"] + s * d["terms"]) % 10
+        assert len(tokenizer(" " + d["solution"]).input_ids) >= 1000
+    assert len({d["problem"] for d in docs}) > 1
+    table = next(make_docs(1, seed=3))
+    assert table["rule"] == "table" and "given by the table" in table["problem"]
+    with pytest.raises(ValueError, match="unknown carry_chain rule"):
+        CarryChainDifficulty(rule="nope")
+
+
 def test_carry_chain_steps_are_short_lookups(tokenizer):
     """A step line is a few tokens, one token per digit, and its value is the table's entry."""
     doc = next(make_docs(1, seed=5))

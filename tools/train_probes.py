@@ -57,6 +57,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import platform
 import random
 import re
@@ -96,6 +97,13 @@ def _module(name: str, rel: str):
 
 def carry_chain_module():
     return _module("replayssm_carry_chain", "replayssm_quant/evals/carry_chain.py")
+
+
+def apply_attention_window(model):
+    """The package's windowed attention (``models/window.py``), applied when the config sets one."""
+    window = sys.modules.get("replayssm_window") or _module("replayssm_window",
+                                                            "replayssm_quant/models/window.py")
+    return window.apply_attention_window(model)
 
 
 def carry_prompt(doc: dict) -> str:
@@ -177,8 +185,9 @@ class ProbePool:
         return cls(key, seqs, [int(x) for x in data[f"train/{key}/prompt_len"]])
 
     @classmethod
-    def carry_chain(cls, tok, n: int, seed: int) -> ProbePool:
-        docs = list(carry_chain_module().make_docs(n, seed))
+    def carry_chain(cls, tok, n: int, seed: int, rule: str = "table") -> ProbePool:
+        cc = carry_chain_module()
+        docs = list(cc.make_docs(n, seed, cc.CarryChainDifficulty(rule=rule)))
         prompts = tok.encode_batch([carry_prompt(d) for d in docs], add_special_tokens=False)
         comps = tok.encode_batch([" " + d["solution"] for d in docs], add_special_tokens=False)
         eos = tok.token_to_id(tf.SPECIALS[2])
@@ -320,7 +329,7 @@ def selection_items(pools: dict[str, ProbePool], tok, n: int) -> dict[str, list]
 
 @torch.no_grad()
 def check_accuracy(model, tok, items: dict, n_carry: int, carry_seed: int, device,
-                   carry_terms: int = 48, quiet: bool = False) -> dict:
+                   carry_terms: int = 48, quiet: bool = False, carry_rule: str = "table") -> dict:
     """fp32 greedy accuracy: the needle in the first 16 generated tokens (RULER's
     ``string_match_all``) and the boxed carry-chain answer (problems of ``carry_seed``)."""
     was_training = model.training
@@ -339,8 +348,8 @@ def check_accuracy(model, tok, items: dict, n_carry: int, carry_seed: int, devic
         if not quiet:
             tf.log(f"check {key}: {right}/{len(pairs)}")
     n = n_carry
-    docs = list(carry_chain_module().make_docs(n, carry_seed,
-                                               carry_chain_module().CarryChainDifficulty(carry_terms)))
+    cc = carry_chain_module()
+    docs = list(cc.make_docs(n, carry_seed, cc.CarryChainDifficulty(carry_terms, carry_rule)))
     right = 0
     batch = 50
     for b in range(0, len(docs), batch):
@@ -369,6 +378,13 @@ def probe_score(acc: dict) -> float:
     return min(min(acc[k]["accuracy"] / t, 1.25) for k, t in TARGETS.items())
 
 
+def probe_rank(acc: dict) -> tuple[float, float]:
+    """Checkpoint order: :func:`probe_score`, ties (all at 0 while one task is not learnt yet)
+    broken by the mean capped ratio, so progress on the other tasks is kept."""
+    ratios = [min(acc[k]["accuracy"] / t, 1.25) for k, t in TARGETS.items()]
+    return min(ratios), sum(ratios) / len(ratios)
+
+
 # ----------------------------------------------------------------------------- train
 
 
@@ -377,7 +393,36 @@ def load_fixture(name: str, folder: Path, device):
 
     cls = NemotronHForCausalLM if name == "nemotron-h-tiny" else Qwen3_5ForCausalLM
     model = cls.from_pretrained(folder, dtype=torch.float32)
-    return model.to(device)
+    return apply_attention_window(model).to(device)
+
+
+def set_window(model, window: int | None) -> None:
+    """Limit the attention layers to the last ``window`` tokens (``--attention-window``); the
+    window is saved in the config, so the shipped model loads with it."""
+    if window is None:
+        return
+    if model.config.model_type != "nemotron_h":
+        raise SystemExit("--attention-window is supported for nemotron-h-tiny only")
+    model.config.sliding_window = window
+    apply_attention_window(model)
+
+
+SHIPPED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json")
+
+
+def write_config(model, init: Path, out: Path) -> None:
+    """``config.json`` (the init's, plus the attention window) and the tokenizer files, so
+    that ``out`` is a complete fixture folder (and a valid ``--init-from``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((init / "config.json").read_text())
+    window = getattr(model.config, "sliding_window", None)
+    if window:
+        config["sliding_window"] = int(window)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for f in SHIPPED_FILES:
+        if (init / f).is_file() and init.resolve() != out.resolve():
+            shutil.copy2(init / f, out / f)
 
 
 def _teacher(name: str, args, device):
@@ -426,6 +471,7 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
                                                 card["held_out_eval"]["bits_per_byte"])
     tf.set_seed(args.seed)
     model = load_fixture(name, init, device)
+    set_window(model, args.attention_window)
     model.train()
     teacher = _teacher(name, args, device) if args.plays_loss == "kl" else None
     long_heads = {int(k): v for k, v in card["training"]["long_heads_at_init"].items()}
@@ -434,7 +480,7 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     pools = {k: ProbePool.from_npz(data, k) for k in (f"{RULER_TASK}@{n}" for n in LENGTHS)}
     select = selection_items(pools, tok, args.select_n)
     t0 = time.perf_counter()
-    pools["carry_chain"] = ProbePool.carry_chain(tok, args.carry_pool, CARRY_TRAIN_SEED)
+    pools["carry_chain"] = ProbePool.carry_chain(tok, args.carry_pool, CARRY_TRAIN_SEED, args.carry_rule)
     pools["short_niah"] = ShortNeedlePool(tok, pools[f"{RULER_TASK}@{LENGTHS[0]}"], (2, 24))
     tf.log(f"{name}: {args.carry_pool} carry-chain problems encoded ({time.perf_counter() - t0:.0f}s); "
            f"pools " + ", ".join(f"{k} {len(getattr(p, 'seqs', []))}" for k, p in pools.items()))
@@ -453,9 +499,12 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     base_val = tf.val_loss(model, corpus, LENGTHS[0], device, args.val_windows, autocast)
     limit = base_val * (1 + args.val_tolerance)
     history = [{"step": 0, "val_nats_per_token": base_val, "seconds": 0.0}]
-    best = {"step": None, "score": -1.0, "state": None}
+    best = {"step": None, "score": -1.0, "rank": (-1.0, -1.0), "state": None}
     out = Path(args.out) / name
-    tf.log(f"{name}: plays val {base_val:.4f} nats/token before; keeping checkpoints <= {limit:.4f}")
+    write_config(model, init, out)
+    window = getattr(model.config, "sliding_window", None)
+    tf.log(f"{name}: plays val {base_val:.4f} nats/token before; keeping checkpoints <= {limit:.4f}"
+           + (f"; attention window {window} tokens" if window else ""))
 
     def checkpoint(elapsed: float) -> bool:
         """Plays validation, then (within the limit) the selection check; keeps the best
@@ -466,13 +515,15 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
         if vl > limit:
             tf.log(f"{name}: step {step} plays val {vl:.4f} > {limit:.4f}: not a candidate")
             return False
-        acc = check_accuracy(model, tok, select, args.select_n, SELECT_CARRY_SEED, device, quiet=True)
-        score = probe_score(acc)
+        acc = check_accuracy(model, tok, select, args.select_n, SELECT_CARRY_SEED, device, quiet=True,
+                             carry_rule=args.carry_rule)
+        rank = probe_rank(acc)
+        score = rank[0]
         entry["selection"] = {k: v["accuracy"] for k, v in acc.items()}
         tf.log(f"{name}: step {step} plays val {vl:.4f}, selection "
                + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in acc.items()) + f" (score {score:.2f})")
-        if score > best["score"]:
-            best.update(step=step, score=score,
+        if rank > best["rank"]:
+            best.update(step=step, score=score, rank=rank,
                         state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
             save_model(model, out)
         return score >= args.stop_score
@@ -522,7 +573,7 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     tf.log(f"{name}: held-out {metrics['bits_per_byte']:.4f} bits/byte (before {before:.4f}, "
            f"{metrics['bits_per_byte'] / before - 1:+.2%})")
     acc = check_accuracy(model, tok, check_items(data, meta, args.check_n), args.check_n,
-                         CHECK_SEED, device)
+                         CHECK_SEED, device, carry_rule=args.carry_rule)
     tf.log(f"{name}: fp32 greedy accuracy " + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in acc.items()))
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else None
     card["held_out_eval"] = {k: v for k, v in metrics.items() if k != "decay_spectrum"}
@@ -530,8 +581,9 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     card["heads_ge_0999"] = sum(r["heads_ge_0999"] for r in metrics["decay_spectrum"])
     runs = card.get("probe_training", {}).get("runs", [])
     runs.append({
-        "init": Path(args.init_from).resolve().relative_to(ROOT, walk_up=True).as_posix(),
-        "stages": args.stages, "steps": step,
+        "init": Path(os.path.relpath(Path(args.init_from).resolve(), ROOT)).as_posix(),
+        "stages": args.stages, "steps": step, "attention_window": window,
+        "carry_rule": args.carry_rule,
         "selected_step": best["step"],
         "steps_per_window": {str(k): v for k, v in phase_steps.items()},
         "batch_size": {str(LENGTHS[0]): args.batch_size, str(LENGTHS[1]): max(1, args.batch_size // 2)},
@@ -544,13 +596,15 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     card["probe_training"] = {
         "init": "the weights of the plays-only training above (same tokenizer)",
         "held_out_bits_per_byte_before": before,
+        "attention_window": window,
         "data": {"probe_mix": args.probe_mix,
                  "stages": {name: {f"until {end:g}": {"window": w, **kinds} for end, w, kinds in st}
                             for name, st in STAGE_SETS.items()},
                  "ruler_items": {k: len(p.seqs) for k, p in pools.items() if k.startswith(RULER_TASK)},
                  "short_niah_lines": list(pools["short_niah"].lines),
                  "ruler_seed": meta["train_seed"], "carry_chain_problems": args.carry_pool,
-                 "carry_chain_seed": CARRY_TRAIN_SEED, "carry_chain_terms": 48},
+                 "carry_chain_seed": CARRY_TRAIN_SEED, "carry_chain_terms": 48,
+                 "carry_chain_rule": args.carry_rule},
         "loss": ("plays: KL from the plays-only model per token" if teacher is not None
                  else "plays: cross-entropy on every token")
                 + "; probe sequences: completion tokens; mean per sequence",
@@ -666,6 +720,12 @@ def parse_args(argv=None):
                    "or 'carry' (mostly carry chains; for a continuation that already retrieves)")
     t.add_argument("--compile-gdn", action="store_true", help="train Qwen3.5's GDN layers "
                    "through torch.compile of transformers' chunked reference")
+    t.add_argument("--attention-window", type=int, default=None, help="limit nemotron-h-tiny's "
+                   "attention to the last N tokens (saved as the config's sliding_window), so "
+                   "that the probes' answers must pass through the SSM state")
+    t.add_argument("--carry-rule", choices=("table", "shift"), default="table", help="carry-chain "
+                   "step rule of the training, selection and check problems (evals: "
+                   "--carry-rule)")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -122,7 +122,7 @@ def _quiet() -> None:
 
 
 def _probe_options(model: str, specs: list[Any], context_lengths: str,
-                   ruler_subtasks: str | None, carry_terms: int
+                   ruler_subtasks: str | None, carry_terms: int, carry_rule: str = "table"
                    ) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
     """Checked ``--context-lengths`` and ``--ruler-subtasks`` (a ``ValueError`` per bad one)."""
     from ..evals.ruler import (
@@ -137,6 +137,10 @@ def _probe_options(model: str, specs: list[Any], context_lengths: str,
     subtasks = resolve_subtasks(ruler_subtasks) if ruler_subtasks else None
     if carry_terms < 2:
         raise ValueError("--carry-terms must be >= 2")
+    from ..evals.carry_chain import RULES
+
+    if carry_rule not in RULES:
+        raise ValueError(f"--carry-rule must be one of {', '.join(RULES)}, got {carry_rule!r}")
     if any(s.key == "ruler" for s in specs):
         tokenizer_source(model)
         check_context_lengths(model, lengths)
@@ -295,6 +299,11 @@ def register(app: typer.Typer) -> None:
         carry_terms: Annotated[int, typer.Option(
             help="carry_chain difficulty: steps of the table walk (48: ~1,500-token "
                  "solutions).")] = 48,
+        carry_rule: Annotated[str, typer.Option(
+            help="carry_chain step rule: 'table' (a random ten-cycle given as a table in the "
+                 "prompt; each step is a lookup) or 'shift' (f(x) = x + s mod 10; nothing to "
+                 "look up, so a model with windowed attention carries every step in its SSM "
+                 "state).")] = "table",
         until_decided: Annotated[bool, typer.Option(
             "--until-decided",
             help="Add items in rounds of --round per subtask and stop each config once its "
@@ -321,7 +330,7 @@ def register(app: typer.Typer) -> None:
         try:
             specs = resolve_tasks(tasks)
             lengths, subtasks = _probe_options(model, specs, context_lengths, ruler_subtasks,
-                                               carry_terms)
+                                               carry_terms, carry_rule)
             cfg_list = split_configs(configs or [DEFAULT_CONFIGS])
             cfgs = [parse_config(c) for c in cfg_list]
             if backend not in ("hf", "vllm"):
@@ -365,6 +374,7 @@ def register(app: typer.Typer) -> None:
             max_gen_toks=max_gen_toks, seed=seed, data=str(data.resolve()) if data else None,
             backend=backend, dtype=dtype, device=placement, batch_size=batch_size,
             context_lengths=lengths, ruler_subtasks=subtasks, carry_terms=carry_terms,
+            carry_rule=carry_rule,
             tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
         _quiet()
         columns = (*fitted_columns(console.width, 24), MofNCompleteColumn(),

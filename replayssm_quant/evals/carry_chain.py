@@ -45,20 +45,33 @@ LOCAL_NAME = "carry_chain_local"
 """Name of the wrapper task that points the YAML at a generated jsonl."""
 
 
+RULES: dict[str, str] = {
+    "table": "f is a random cyclic permutation given as a ten-row table in the prompt; each "
+             "step looks up the previous value in it (a retrieval from the prompt)",
+    "shift": "f(x) = x + s modulo 10, with s in {1, 3, 7, 9} stated once in the prompt; each "
+             "step adds s to the previous value (no retrieval, only the carried value and s)",
+}
+"""The step rules of the walk. Both are single ten-cycles, so the walk never sticks."""
+
+
 @dataclass(frozen=True)
 class CarryChainDifficulty:
-    """How hard a problem is: ``terms`` steps of the walk (solution lines).
+    """How hard a problem is: ``terms`` steps of the walk (solution lines) and the step ``rule``.
 
     With the fixtures' tokenizer (one token per digit) a step line is ~30 tokens; the default 48
     steps give worked solutions of ~1,500 tokens. Every extra step adds one more lookup the
-    answer depends on.
+    answer depends on. ``shift`` needs nothing from the prompt but ``s`` and ``x_0``, so a model
+    whose attention sees only the last few tokens must carry everything in its SSM state.
     """
 
     terms: int = 48
+    rule: str = "table"
 
     def __post_init__(self) -> None:
         if self.terms < 2:
             raise ValueError(f"carry_chain needs at least 2 terms (steps), got {self.terms}")
+        if self.rule not in RULES:
+            raise ValueError(f"unknown carry_chain rule {self.rule!r}; choose from {', '.join(RULES)}")
 
 
 DIGITS = 10
@@ -74,16 +87,28 @@ def random_cycle(rng: random.Random) -> list[int]:
     return table
 
 
+SHIFTS = (1, 3, 7, 9)
+"""Shifts coprime to 10: ``x + s mod 10`` visits every digit."""
+
+
 def make_doc(rng: random.Random, difficulty: CarryChainDifficulty) -> dict[str, Any]:
     """One problem with its worked solution, drawn from ``rng``."""
-    table = random_cycle(rng)
+    if difficulty.rule == "shift":
+        shift = rng.choice(SHIFTS)
+        table = [(d + shift) % DIGITS for d in range(DIGITS)]
+        given = f"is $f(x) = x + {shift}$ modulo 10"
+        how = "adding the shift modulo 10"
+    else:
+        table = random_cycle(rng)
+        rows = ", ".join(f"f({d}) = {table[d]}" for d in range(DIGITS))
+        given = f"is given by the table ${rows}$"
+        how = "reading each value from the table"
     start = rng.randrange(DIGITS)
     n = difficulty.terms
-    rows = ", ".join(f"f({d}) = {table[d]}" for d in range(DIGITS))
-    problem = (f"The function $f$ on the digits is given by the table ${rows}$. Let $x_{{0}} = "
+    problem = (f"The function $f$ on the digits {given}. Let $x_{{0}} = "
                f"{start}$ and $x_{{k}} = f(x_{{k-1}})$ for $k \\geq 1$. Writing every step, "
                f"find $x_{{{n}}}$.")
-    lines = ["We apply $f$ one step at a time, reading each value from the table.",
+    lines = [f"We apply $f$ one step at a time, {how}.",
              f"$x_{{0}} = {start}$"]
     x = start
     for k in range(1, n + 1):
@@ -92,7 +117,7 @@ def make_doc(rng: random.Random, difficulty: CarryChainDifficulty) -> dict[str, 
     lines.append(f"So $x_{{{n}}} = \\boxed{{{x}}}$.")
     lines.append(f"Final Answer: The final answer is ${x}$. I hope it is correct.")
     return {"problem": problem, "solution": "\n".join(lines), "answer": str(x), "terms": n,
-            "table": table, "start": start}
+            "table": table, "start": start, "rule": difficulty.rule}
 
 
 def make_docs(n: int, seed: int = 0,
@@ -144,8 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--terms", type=int, default=CarryChainDifficulty.terms,
                     help="steps of the walk (solution lines)")
+    ap.add_argument("--rule", choices=tuple(RULES), default=CarryChainDifficulty.rule,
+                    help="; ".join(f"{k}: {v}" for k, v in RULES.items()))
     a = ap.parse_args(argv)
-    d = CarryChainDifficulty(a.terms)
+    d = CarryChainDifficulty(a.terms, a.rule)
     print(f"wrote {write_jsonl(a.out, a.n, a.seed, d)}")
 
 

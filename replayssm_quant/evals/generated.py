@@ -46,13 +46,15 @@ class GeneratedSettings:
 
     def __init__(self, *, model: str, limit: int | float | None, seed: int,
                  context_lengths: Sequence[int] = DEFAULT_CONTEXT_LENGTHS,
-                 ruler_subtasks: Sequence[str] | None = None, carry_terms: int = 48) -> None:
+                 ruler_subtasks: Sequence[str] | None = None, carry_terms: int = 48,
+                 carry_rule: str = "table") -> None:
         self.model = model
         self.limit = limit
         self.seed = seed
         self.context_lengths = tuple(int(n) for n in context_lengths)
         self.ruler_subtasks = resolve_subtasks(ruler_subtasks)
         self.carry_terms = int(carry_terms)
+        self.carry_rule = str(carry_rule)
 
     def run_key(self, spec: TaskSpec) -> dict[str, Any]:
         """The settings that make two runs of a generated task the same run."""
@@ -61,7 +63,10 @@ class GeneratedSettings:
                     "subtasks": {s: list(ls) for s, ls in
                                  plan(self.ruler_subtasks, self.context_lengths).items()}}
         if spec.key == "carry_chain":
-            return {"carry_terms": self.carry_terms}
+            key: dict[str, Any] = {"carry_terms": self.carry_terms}
+            if self.carry_rule != "table":  # the default stays out: older runs keep their key
+                key["carry_rule"] = self.carry_rule
+            return key
         return {}
 
 
@@ -85,7 +90,7 @@ def prepare_task(spec: TaskSpec, settings: GeneratedSettings, out_dir: str | Pat
                                     num_samples_for(settings.limit), settings.seed)
         return name
     if spec.key == "carry_chain":
-        difficulty = CarryChainDifficulty(terms=settings.carry_terms)
+        difficulty = CarryChainDifficulty(terms=settings.carry_terms, rule=settings.carry_rule)
         return write_carry_chain_task(out_dir / "carry_chain", _carry_items(settings.limit),
                                       settings.seed, difficulty)
     raise ValueError(f"{spec.key} is not a generated task")

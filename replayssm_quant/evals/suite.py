@@ -142,6 +142,7 @@ class SuiteSettings:
     context_lengths: tuple[int, ...] = DEFAULT_CONTEXT_LENGTHS
     ruler_subtasks: tuple[str, ...] | None = None
     carry_terms: int = 48
+    carry_rule: str = "table"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     """vllm backend: GPUs per model copy (tensor parallel) and model copies (data parallel);
@@ -151,7 +152,8 @@ class SuiteSettings:
         """The settings of the generated tasks (RULER, carry_chain)."""
         return GeneratedSettings(model=self.model, limit=self.limit, seed=self.seed,
                                  context_lengths=self.context_lengths,
-                                 ruler_subtasks=self.ruler_subtasks, carry_terms=self.carry_terms)
+                                 ruler_subtasks=self.ruler_subtasks, carry_terms=self.carry_terms,
+                                 carry_rule=self.carry_rule)
 
     def run_key(self, task: str, cfg: PrecisionConfig, data_hash: str | None) -> dict[str, Any]:
         key = {"model": self.model, "task": task, "config": str(cfg), "limit": self.limit,

@@ -48,7 +48,10 @@ def fixture(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = 
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     path = fixture_path(name)
+    from .window import apply_attention_window
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    apply_attention_window(model)
     model.to(device)
     model.eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)

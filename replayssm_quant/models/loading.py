@@ -19,6 +19,7 @@ import torch
 from .fixture import FIXTURES, fixture, fixture_path
 from .registry import architecture
 from .tiny import RANDOM_PREFIX, SHAPED_MODELS, shaped_model, tiny_model
+from .window import apply_attention_window
 
 __all__ = ["DEVICE_MAP_STRATEGIES", "DeviceMapError", "ModelUnavailable", "check_model",
            "check_weights", "hub_offline", "hub_reachable", "load_model", "module_device",
@@ -167,7 +168,7 @@ def load_model(name: str, *, device: str | torch.device = "cpu",
         ) from None
     architecture(config)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        model = apply_attention_window(AutoModelForCausalLM.from_pretrained(name, dtype=dtype))
         tokenizer = AutoTokenizer.from_pretrained(name)
     except OSError as exc:
         raise ModelUnavailable(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
@@ -373,7 +374,8 @@ def _load_mapped(name: str, spec: str | dict[str, int | str],
         with init_empty_weights():
             _check_covers(AutoModelForCausalLM.from_config(config), spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=spec)
+        model = apply_attention_window(
+            AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=spec))
         tokenizer = AutoTokenizer.from_pretrained(name)
     except OSError as exc:
         raise ModelUnavailable(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None

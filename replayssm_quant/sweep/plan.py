@@ -71,6 +71,7 @@ class EvalSection:
     context_lengths: tuple[int, ...] = (2048, 4096)
     ruler_subtasks: tuple[str, ...] | None = None
     carry_terms: int = 48
+    carry_rule: str = "table"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
 
@@ -111,6 +112,7 @@ _DRIFT_KEYS = {"configs", "data", "docs", "max_tokens", "prefill", "seed", "refe
                "keep_reference", "docs_per_unit"}
 _EVAL_KEYS = {"tasks", "configs", "limit", "max_gen_toks", "seed", "data", "backend", "dtype",
               "batch_size", "resamples", "context_lengths", "ruler_subtasks", "carry_terms",
+              "carry_rule",
               "tensor_parallel_size", "data_parallel_size"}
 _BUILTIN_DATA = ("gutenberg", "pg19", "self")
 
@@ -258,6 +260,7 @@ def _eval(raw: Any, configs: Any, base: Path, source: str) -> EvalSection | None
         context_lengths=tuple(int(n) for n in lengths),
         ruler_subtasks=tuple(subtasks) if subtasks else None,
         carry_terms=_int(raw.get("carry_terms", 48), "eval.carry_terms", source, lo=2),
+        carry_rule=_carry_rule(raw.get("carry_rule", "table"), source),
         tensor_parallel_size=_int(raw.get("tensor_parallel_size", 1),
                                   "eval.tensor_parallel_size", source, lo=1),
         data_parallel_size=_int(raw.get("data_parallel_size", 1), "eval.data_parallel_size",
@@ -402,6 +405,15 @@ def _str(raw: Any, key: str, source: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise PlanError(f"{source}: {key} must be a string, got {raw!r}")
     return raw.strip()
+
+
+def _carry_rule(raw: Any, source: str) -> str:
+    from ..evals.carry_chain import RULES
+
+    rule = _str(raw, "eval.carry_rule", source)
+    if rule not in RULES:
+        raise PlanError(f"{source}: eval.carry_rule must be one of {', '.join(RULES)}, got {rule!r}")
+    return rule
 
 
 def _num(raw: Any, key: str, source: str, *, lo: float) -> float:

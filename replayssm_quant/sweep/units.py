@@ -118,7 +118,7 @@ def suite_settings(plan: Plan, model: str, tasks: tuple[str, ...],
         model=model, tasks=tasks, configs=configs, limit=e.limit, max_gen_toks=e.max_gen_toks,
         seed=e.seed, data=e.data, backend=e.backend, dtype=e.dtype, device=device,
         batch_size=e.batch_size, context_lengths=e.context_lengths,
-        ruler_subtasks=e.ruler_subtasks, carry_terms=e.carry_terms,
+        ruler_subtasks=e.ruler_subtasks, carry_terms=e.carry_terms, carry_rule=e.carry_rule,
         tensor_parallel_size=e.tensor_parallel_size, data_parallel_size=e.data_parallel_size)
 
 
