@@ -168,3 +168,27 @@ def test_until_decided_argument_errors(tmp_path, args, message):
     r = _cli(tmp_path / "ev", "--until-decided", *args)
     assert r.exit_code == 2 and message in r.output, r.output
     assert r.output.count("\n") <= 2
+
+
+def test_replay_on_fixed_run_matches_the_live_plan(tmp_path, monkeypatch):
+    """The same planted answers as above, run at a fixed n of 40: replaying the plan on that
+    folder gives the live run's verdicts, item counts and generations (64 of 120)."""
+    import replayssm_quant.evals.suite as suite
+    from replayssm_quant.evals.until_decided import SequentialPlan, replay_fixed_run
+
+    plan = Planted(wrong=(CONTROL,))
+    real = suite.run_suite
+    monkeypatch.setattr(suite, "run_suite", lambda settings, out, *, progress=None, **kw: real(
+        settings, out, progress=_Tracking(progress, plan), **(kw | {"responder": plan.respond})))
+    out = tmp_path / "fixed"
+    r = _cli(out, "--limit", "40")
+    assert r.exit_code == 0, r.output
+    assert len(plan.calls) == 120
+    rep = replay_fixed_run(out, "carry_chain", ["fp32", SAME, CONTROL],
+                           SequentialPlan(round_size=8, cap=40, budget_points=30))
+    rows = rep["configs"]
+    assert (rows[CONTROL]["verdict"], rows[CONTROL]["items"]) == ("fail", 16)
+    assert (rows[SAME]["verdict"], rows[SAME]["items"]) == ("pass", 24)
+    assert rows[CONTROL]["fixed_n_verdict"] == "fail" and rows[SAME]["fixed_n_verdict"] == "pass"
+    assert rep["reference_n"] == 24
+    assert rep["generations"] == {"used": 64, "fixed_n": 120, "saved": 1 - 64 / 120}

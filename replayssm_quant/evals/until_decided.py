@@ -41,7 +41,7 @@ from . import suite
 from .paired import PairingError
 from .sequential import Decision, decide
 
-__all__ = ["FILE", "SequentialPlan", "SequentialResult", "run_until_decided"]
+__all__ = ["FILE", "SequentialPlan", "SequentialResult", "replay_fixed_run", "run_until_decided"]
 
 FILE = "sequential.json"
 METHOD = ("betting confidence sequence of the paired difference cand - ref (Waudby-Smith & "
@@ -138,6 +138,44 @@ def paired_in_order(ref: pd.DataFrame, cand: pd.DataFrame) -> tuple[np.ndarray, 
     both["position"] = both.groupby("subtask")["doc_id"].rank(method="first")
     both = both.sort_values(["position", "subtask"], kind="stable")
     return (both["correct_ref"].to_numpy(dtype=bool), both["correct_cand"].to_numpy(dtype=bool))
+
+
+def _looked_at(ref: pd.DataFrame, n: int) -> int:
+    """Items a look at ``n`` per subtask sees (subtasks with fewer give all they have)."""
+    return int(ref.groupby("subtask").size().clip(upper=n).sum())
+
+
+def replay_fixed_run(out: str | Path, task: str, configs: list[str | PrecisionConfig],
+                     plan: SequentialPlan) -> dict[str, Any]:
+    """What ``--until-decided`` would have decided and generated on a finished fixed-n run at
+    the cap (``configs[0]`` the reference). Greedy generation answers the first ``n`` items of
+    a larger run exactly as a run of ``n`` items (the prefix order above), so the verdicts and
+    item counts are those of the live procedure, at no generation cost."""
+    out = Path(out)
+    cfgs = suite._config_list(configs)
+    reference, others = cfgs[0], cfgs[1:]
+    ref = _items(out, task, reference)
+    budget = plan.budget_points / 100.0
+    looks = plan.looks()
+    rows, ref_n = {}, 0
+    for cfg in others:
+        a, b = paired_in_order(ref, _items(out, task, cfg))
+        for n in looks:
+            k = min(_looked_at(ref, n), len(a))
+            d = decide(a[:k], b[:k], budget, plan.alpha)
+            if d.verdict != "undecided" or n == looks[-1]:
+                break
+        ref_n = max(ref_n, n)
+        rows[cfg.label] = {"verdict": d.verdict, "n": n, "items": k, "delta": d.delta,
+                           "lo": d.lo, "hi": d.hi, "fixed_n_verdict": decide(a, b, budget,
+                                                                             plan.alpha).verdict}
+    used = _looked_at(ref, ref_n) + sum(r["items"] for r in rows.values())
+    fixed = len(ref) * (1 + len(others))
+    return {"task": task, "reference": str(reference), "budget_points": plan.budget_points,
+            "alpha": plan.alpha, "round": plan.round_size, "cap": plan.cap,
+            "configs": rows, "reference_n": ref_n,
+            "generations": {"used": used, "fixed_n": fixed,
+                            "saved": 1 - used / fixed if fixed else 0.0}}
 
 
 def _items_at_cap(ref: pd.DataFrame, n: int, cap: int) -> int:
