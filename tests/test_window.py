@@ -21,8 +21,11 @@ from replayssm_quant.models.window import (
 
 @pytest.fixture(scope="module")
 def nemotron():
+    """The Mamba-2 fixture switched to full attention (each test sets the window it needs)."""
     torch.manual_seed(0)
     model, tok = fixture("nemotron-h-tiny")
+    model.config.sliding_window = None
+    model.set_attn_implementation("sdpa")
     return model, tok
 
 
@@ -95,15 +98,18 @@ def test_left_padded_batch_has_no_nan_and_matches_unpadded(nemotron):
 
 
 def test_folder_with_window_loads_windowed(tmp_path):
+    """The shipped Mamba-2 fixture carries its 16-token window; a copy without the field loads
+    with full attention, one with another window with that one."""
+    shipped, _ = fixture("nemotron-h-tiny")
+    assert attention_window(shipped.config) == 16
+    assert shipped.config._attn_implementation == WINDOW_ATTENTION
     src = fixture_path("nemotron-h-tiny")
-    dst = tmp_path / "win"
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config["sliding_window"] = 16
-    (dst / "config.json").write_text(json.dumps(config))
-    model, _ = load_model(str(dst))
-    assert attention_window(model.config) == 16
-    assert model.config._attn_implementation == WINDOW_ATTENTION
-    plain, _ = fixture("nemotron-h-tiny")
-    assert attention_window(plain.config) is None
-    assert plain.config._attn_implementation != WINDOW_ATTENTION
+    for window in (None, 32):
+        dst = tmp_path / f"w{window}"
+        shutil.copytree(src, dst)
+        config = json.loads((dst / "config.json").read_text())
+        config["sliding_window"] = window
+        (dst / "config.json").write_text(json.dumps(config))
+        model, _ = load_model(str(dst))
+        assert attention_window(model.config) == window
+        assert (model.config._attn_implementation == WINDOW_ATTENTION) == (window is not None)

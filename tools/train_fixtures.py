@@ -836,18 +836,22 @@ def probe_training_markdown(pt: dict | None) -> list[str]:
     for i, run in enumerate(pt["runs"], 1):
         windows = ", then ".join(f"{n} steps at {w} tokens (batch {run['batch_size'][w]})"
                                  for w, n in run["steps_per_window"].items() if n)
+        window = run.get("attention_window")
         lines.append(
             f"- Run {i}, from {run['init']}: {windows}; {run['tokens_seen']:,} tokens, "
             f"{run['wall_seconds']:.0f} s on {run['device']} ({run['precision']}); AdamW, peak "
             f"lr {run['lr']}, {run['warmup_steps']} warm-up steps, {run['schedule']}, residual "
-            f"dropout {run['residual_dropout']}; shipped step {run['selected_step']}.")
+            f"dropout {run['residual_dropout']}; attention "
+            f"{f'limited to the last {window} tokens' if window else 'over the whole context'}; "
+            f"{run.get('carry_rule', 'table')} chains; shipped step {run['selected_step']}."
+            + (f" Cut off: {run['cut_off']}." if run.get("cut_off") else ""))
     lines += [
         f"- Mix: {d['probe_mix']:.0%} of each batch probe sequences, the rest play windows. Stages "
         f"(probe kinds and shares): {d['stages']}. RULER items: {d['ruler_items']} (seed "
         f"{d['ruler_seed']}, padded into the window); short_niah: RULER's lines cut to "
         f"{d.get('short_niah_lines')} filler lines with a fresh number each draw (packed); "
         f"carry_chain: {d['carry_chain_problems']} problems of {d['carry_chain_terms']} steps "
-        f"(seed {d['carry_chain_seed']}, packed).",
+        f"({d.get('carry_chain_rule', 'table')} rule, seed {d['carry_chain_seed']}, packed).",
         f"- Loss: {pt['loss']}. Long-memory heads' decay kept fixed as above.",
         f"- Checkpoint: {sel['rule']}, on {sel['items_per_ruler_length']} RULER training items "
         f"per length held out of training and carry-chain problems of seed "
@@ -860,7 +864,9 @@ def probe_training_markdown(pt: dict | None) -> list[str]:
         "| task | items | accuracy |",
         "| --- | ---: | ---: |",
     ]
-    lines += [f"| {k} | {v['n']} | {v['accuracy']:.1%} |" for k, v in acc.items()]
+    rule = d.get("carry_chain_rule", "table")
+    lines += [f"| {k}{f' ({rule} rule)' if k == 'carry_chain' else ''} | {v['n']} | "
+              f"{v['accuracy']:.1%} |" for k, v in acc.items()]
     return lines + [""]
 
 
@@ -876,6 +882,11 @@ def card_markdown(card: dict, cfg) -> str:
             f"{cfg.num_attention_heads} heads ({cfg.num_key_value_heads} KV) x {cfg.head_dim}, "
             f"no positional encoding; untied LM head."
         )
+        if getattr(cfg, "sliding_window", None):
+            arch += (f" The attention layer sees the last {cfg.sliding_window} tokens only "
+                     "(`sliding_window`, applied by `replayssm_quant.models.window`; plain "
+                     "transformers ignores it for NemotronH), so anything further back passes "
+                     "through the Mamba-2 state.")
         decay_def = "`exp(dt * A)`, `dt = softplus(dt_raw + dt_bias)` clamped to `time_step_limit`"
     else:
         arch = (

@@ -463,6 +463,39 @@ def save_model(model, out: Path) -> None:
         shutil.copy2(Path(tmp) / "model.safetensors", out / "model.safetensors")
 
 
+_STEP = re.compile(r"\] (\S+): step (\d+) \((\d+)\) loss \S+ gnorm \S+ lr \S+ (\d+)s")
+_SELECT = re.compile(r"\] (\S+): step (\d+) plays val ([\d.]+), selection (.*) \(score")
+_DEVICE = re.compile(r"^(NVIDIA [^,]+),")
+
+
+def run_from_log(log: Path, name: str, batch: int):
+    """What a cut-off run did, from its log: validation history, last logged step, steps per
+    window, tokens, seconds and the best selection (the checkpoint the run saved)."""
+    history, phase, best, step, wall, last_window = [], {2048: 0, 4096: 0}, None, 0, 0.0, 2048
+    for line in log.read_text().splitlines():
+        if m := _STEP.search(line):
+            if m.group(1) != name:
+                continue
+            s, w = int(m.group(2)), int(m.group(3))
+            phase[last_window] += s - step
+            step, wall, last_window = s, float(m.group(4)), w
+        elif m := _SELECT.search(line):
+            if m.group(1) != name:
+                continue
+            acc = {k: {"accuracy": float(v.rstrip("%")) / 100} for k, v in
+                   (part.rsplit(" ", 1) for part in m.group(4).split(", "))}
+            entry = {"step": int(m.group(2)), "val_nats_per_token": float(m.group(3)),
+                     "selection": {k: v["accuracy"] for k, v in acc.items()}}
+            history.append(entry)
+            rank = probe_rank(acc)
+            if best is None or rank > best["rank"]:
+                best = {"step": entry["step"], "score": rank[0], "rank": rank, "state": None}
+    if best is None:
+        raise SystemExit(f"{log}: no selection line for {name}; nothing was saved")
+    tokens = phase[2048] * batch * 2048 + phase[4096] * max(1, batch // 2) * 4096
+    return history, step, phase, tokens, wall, best
+
+
 def train_one(name: str, args, tok, corpus, data, meta) -> None:
     device = torch.device(args.device)
     init = Path(args.init_from) / name
@@ -502,9 +535,9 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     best = {"step": None, "score": -1.0, "rank": (-1.0, -1.0), "state": None}
     out = Path(args.out) / name
     write_config(model, init, out)
-    window = getattr(model.config, "sliding_window", None)
+    attn_window = getattr(model.config, "sliding_window", None)
     tf.log(f"{name}: plays val {base_val:.4f} nats/token before; keeping checkpoints <= {limit:.4f}"
-           + (f"; attention window {window} tokens" if window else ""))
+           + (f"; attention window {attn_window} tokens" if attn_window else ""))
 
     def checkpoint(elapsed: float) -> bool:
         """Plays validation, then (within the limit) the selection check; keeps the best
@@ -529,7 +562,14 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
         return score >= args.stop_score
 
     t_start = last_val = time.perf_counter()
-    while True:
+    if args.finish_log:
+        # a run the device cut off: its best checkpoint (already saved) and its log
+        model.load_state_dict(load_fixture(name, Path(args.finish_from) / name, device).state_dict())
+        history, step, phase_steps, tokens_seen, wall, best = run_from_log(
+            Path(args.finish_log), name, args.batch_size)
+        tf.log(f"{name}: finishing the run of {args.finish_log}: {step} steps, selected step "
+               f"{best['step']} (weights from {args.finish_from})")
+    while not args.finish_log:
         elapsed = time.perf_counter() - t_start
         frac = step / args.steps if args.steps else elapsed / budget
         if frac >= 1.0:
@@ -557,10 +597,13 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
                 tf.log(f"{name}: selection targets met at step {step}: stopping")
                 break
             last_val = time.perf_counter()
-    wall = time.perf_counter() - t_start
-    if not history[-1]["step"] == step:
-        checkpoint(wall)
-    if best["state"] is None:
+    if not args.finish_log:
+        wall = time.perf_counter() - t_start
+        if not history[-1]["step"] == step:
+            checkpoint(wall)
+    if args.finish_log:
+        pass
+    elif best["state"] is None:
         tf.log(f"{name}: no checkpoint within the plays limit; shipping the last step")
         best.update(step=step, state=None)
     else:
@@ -582,21 +625,25 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     runs = card.get("probe_training", {}).get("runs", [])
     runs.append({
         "init": Path(os.path.relpath(Path(args.init_from).resolve(), ROOT)).as_posix(),
-        "stages": args.stages, "steps": step, "attention_window": window,
+        "stages": args.stages, "steps": step, "attention_window": attn_window,
         "carry_rule": args.carry_rule,
         "selected_step": best["step"],
         "steps_per_window": {str(k): v for k, v in phase_steps.items()},
         "batch_size": {str(LENGTHS[0]): args.batch_size, str(LENGTHS[1]): max(1, args.batch_size // 2)},
         "lr": args.lr, "warmup_steps": args.warmup, "schedule": "cosine over the budget to 0.1x",
         "residual_dropout": args.dropout, "tokens_seen": tokens_seen, "wall_seconds": wall,
-        "minutes_budget": args.minutes, "device": gpu or platform.processor() or "cpu",
-        "precision": "bf16 autocast, fp32 master weights" if gpu else "fp32",
+        "minutes_budget": args.minutes,
+        "device": args.finish_device or gpu or platform.processor() or "cpu",
+        "precision": "bf16 autocast, fp32 master weights" if gpu or args.finish_device else "fp32",
         "torch": torch.__version__, "val_history": history,
+        **({"cut_off": "the device's time limit ended the call before this script's own "
+                       "check; steps, history and selection are read from its log, the check "
+                       "below ran afterwards (train --finish-log)"} if args.finish_log else {}),
     })
     card["probe_training"] = {
         "init": "the weights of the plays-only training above (same tokenizer)",
         "held_out_bits_per_byte_before": before,
-        "attention_window": window,
+        "attention_window": attn_window,
         "data": {"probe_mix": args.probe_mix,
                  "stages": {name: {f"until {end:g}": {"window": w, **kinds} for end, w, kinds in st}
                             for name, st in STAGE_SETS.items()},
@@ -726,9 +773,18 @@ def parse_args(argv=None):
     t.add_argument("--carry-rule", choices=("table", "shift"), default="table", help="carry-chain "
                    "step rule of the training, selection and check problems (evals: "
                    "--carry-rule)")
+    t.add_argument("--finish-log", default=None, help="instead of training: finish a run the "
+                   "device cut off, from its log and the checkpoint it saved in --finish-from "
+                   "(held-out evaluation, check, card); the other options as that run had them")
+    t.add_argument("--finish-from", default=None, help="with --finish-log: the folder the run "
+                   "wrote (<finish-from>/<model>/)")
+    t.add_argument("--finish-device", default=None, help="with --finish-log: the GPU the run "
+                   "trained on (its nvidia-smi name)")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.command == "train" and bool(args.finish_log) != bool(args.finish_from):
+        p.error("--finish-log and --finish-from go together")
     if args.command == "train" and args.batch_size is None:
         args.batch_size = 16 if torch.device(args.device).type == "cuda" else 2
     return args
