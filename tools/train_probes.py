@@ -569,46 +569,45 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
             Path(args.finish_log), name, args.batch_size)
         tf.log(f"{name}: finishing the run of {args.finish_log}: {step} steps, selected step "
                f"{best['step']} (weights from {args.finish_from})")
-    while not args.finish_log:
-        elapsed = time.perf_counter() - t_start
-        frac = step / args.steps if args.steps else elapsed / budget
-        if frac >= 1.0:
-            break
-        window, kinds = stage_at(frac, STAGE_SETS[args.stages])
-        batch = args.batch_size if window == LENGTHS[0] else max(1, args.batch_size // 2)
-        warm = min(1.0, (step + 1) / args.warmup)
-        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        seqs, masks, n_plays = make_batch(pools, corpus.train, window, batch, args.probe_mix, rng, gen, kinds)
-        loss = batch_loss(model, teacher, seqs.to(device), masks.to(device), n_plays, autocast)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        phase_steps[window] += 1
-        tokens_seen += seqs[:, :-1].numel()
-        if step % args.log_every == 0 or step == 1:
-            tf.log(f"{name}: step {step} ({window}) loss {loss.item():.4f} gnorm {gnorm.item():.2f} "
-                   f"lr {lr:.2e} {time.perf_counter() - t_start:.0f}s")
-        if time.perf_counter() - last_val > args.val_seconds:
-            if checkpoint(time.perf_counter() - t_start):
-                tf.log(f"{name}: selection targets met at step {step}: stopping")
+    else:
+        while True:
+            elapsed = time.perf_counter() - t_start
+            frac = step / args.steps if args.steps else elapsed / budget
+            if frac >= 1.0:
                 break
-            last_val = time.perf_counter()
-    if not args.finish_log:
+            window, kinds = stage_at(frac, STAGE_SETS[args.stages])
+            batch = args.batch_size if window == LENGTHS[0] else max(1, args.batch_size // 2)
+            warm = min(1.0, (step + 1) / args.warmup)
+            lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            seqs, masks, n_plays = make_batch(pools, corpus.train, window, batch, args.probe_mix,
+                                              rng, gen, kinds)
+            loss = batch_loss(model, teacher, seqs.to(device), masks.to(device), n_plays, autocast)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            phase_steps[window] += 1
+            tokens_seen += seqs[:, :-1].numel()
+            if step % args.log_every == 0 or step == 1:
+                tf.log(f"{name}: step {step} ({window}) loss {loss.item():.4f} gnorm {gnorm.item():.2f} "
+                       f"lr {lr:.2e} {time.perf_counter() - t_start:.0f}s")
+            if time.perf_counter() - last_val > args.val_seconds:
+                if checkpoint(time.perf_counter() - t_start):
+                    tf.log(f"{name}: selection targets met at step {step}: stopping")
+                    break
+                last_val = time.perf_counter()
         wall = time.perf_counter() - t_start
         if not history[-1]["step"] == step:
             checkpoint(wall)
-    if args.finish_log:
-        pass
-    elif best["state"] is None:
-        tf.log(f"{name}: no checkpoint within the plays limit; shipping the last step")
-        best.update(step=step, state=None)
-    else:
-        tf.log(f"{name}: selected step {best['step']} (score {best['score']:.2f})")
-        model.load_state_dict(best["state"])
+        if best["state"] is None:
+            tf.log(f"{name}: no checkpoint within the plays limit; shipping the last step")
+            best.update(step=step, state=None)
+        else:
+            tf.log(f"{name}: selected step {best['step']} (score {best['score']:.2f})")
+            model.load_state_dict(best["state"])
     for h in hooks:
         h.remove()
     model.to(torch.bfloat16).to(torch.float32)  # evaluate what is shipped
