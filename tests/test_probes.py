@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from replayssm_quant.evals import ruler
@@ -328,3 +329,44 @@ def test_ruler_items_pair_by_their_index_within_a_length():
     out = split_by_length({"samples": {"niah_single_1": samples}})["samples"]
     assert sorted(out) == ["niah_single_1@1024", "niah_single_1@512"]
     assert [s["doc_id"] for s in out["niah_single_1@1024"]] == [0, 1, 2]
+
+
+def test_gdn_kernel_check_flags_a_wrong_kernel_and_keeps_the_reference():
+    """``tools/gdn_training.py``: the check that lets FLA's GDN train the Qwen3.5 fixture finds
+    a kernel whose key gradient is off (the Hopper miscompile's symptom) and passes the
+    reference itself; without FLA installed the reference is what transformers calls."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "gdn_training.py"
+    spec = importlib.util.spec_from_file_location("gdn_training_under_test", path)
+    gdn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gdn)
+    chunk, _ = gdn.reference_functions()
+    shapes = {"batch": 1, "length": 96, "heads": 2, "dk": 8, "dv": 8}
+    same = gdn.grad_errors(chunk, chunk, "cpu", **shapes)
+    assert set(same) == {"output", "dq", "dk", "dv", "dg", "dbeta"} and max(same.values()) == 0.0
+
+    class HalfKeyGrad(torch.autograd.Function):  # identity forward, key gradient halved
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return 0.5 * grad
+
+    def wrong(q, k, v, **kw):
+        return chunk(q, HalfKeyGrad.apply(k), v, **kw)
+
+    errs = gdn.grad_errors(wrong, chunk, "cpu", **shapes)
+    assert errs["output"] == 0.0 and errs["dq"] == 0.0
+    assert errs["dk"] > gdn.GRAD_TOLERANCE
+    bf16 = gdn.grad_errors(chunk, chunk, "cpu", dtype=torch.bfloat16, **shapes)
+    assert 1e-4 < max(bf16.values()) < gdn.GRAD_TOLERANCE  # rounding, not a wrong kernel
+    if "fla" not in sys.modules and importlib.util.find_spec("fla") is None:
+        logged = []
+        assert gdn.use_fla("cpu", logged.append, **shapes) is None
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
+        assert mq.torch_chunk_gated_delta_rule is chunk and "not importable" in logged[0]

@@ -1,5 +1,6 @@
-"""Sliding-window attention for NemotronH (``models/window.py``): the band it applies, that a
-windowed model's cached decode matches its full forward, padding, and loading from a folder."""
+"""Sliding-window attention for NemotronH and Qwen3.5 (``models/window.py``): the band it
+applies, that a windowed model's cached decode matches its full forward, padding, and loading
+from a folder."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from replayssm_quant.models.window import (
     band_mask,
 )
 
+MODELS = ("nemotron-h-tiny", "qwen3.5-tiny")
 
-@pytest.fixture(scope="module")
-def nemotron():
-    """The Mamba-2 fixture switched to full attention (each test sets the window it needs)."""
+
+@pytest.fixture(scope="module", params=MODELS)
+def model_tok(request):
+    """A fixture switched to full attention (each test sets the window it needs)."""
     torch.manual_seed(0)
-    model, tok = fixture("nemotron-h-tiny")
+    model, tok = fixture(request.param)
     model.config.sliding_window = None
     model.set_attn_implementation("sdpa")
     return model, tok
@@ -50,8 +53,8 @@ def _eager_windowed_logits(model, ids: torch.Tensor, window: int) -> torch.Tenso
         model.set_attn_implementation("sdpa")
 
 
-def test_windowed_forward_matches_eager_band_and_decode(nemotron):
-    model, _ = nemotron
+def test_windowed_forward_matches_eager_band_and_decode(model_tok):
+    model, _ = model_tok
     ids = torch.randint(3, 1000, (2, 48))
     with torch.no_grad():
         full = model(ids).logits
@@ -79,8 +82,8 @@ def test_windowed_forward_matches_eager_band_and_decode(nemotron):
     assert (torch.stack(steps, 1) - win[:, 29:47]).abs().max() < 0.1
 
 
-def test_left_padded_batch_has_no_nan_and_matches_unpadded(nemotron):
-    model, _ = nemotron
+def test_left_padded_batch_has_no_nan_and_matches_unpadded(model_tok):
+    model, _ = model_tok
     ids = torch.randint(3, 1000, (1, 24))
     padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), ids], 1)
     attn = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 24, dtype=torch.long)], 1)
@@ -97,13 +100,14 @@ def test_left_padded_batch_has_no_nan_and_matches_unpadded(nemotron):
     assert torch.allclose(both[:, 5:], alone, atol=1e-3), (both[:, 5:] - alone).abs().max()
 
 
-def test_folder_with_window_loads_windowed(tmp_path):
-    """The shipped Mamba-2 fixture carries its 16-token window; a copy without the field loads
-    with full attention, one with another window with that one."""
-    shipped, _ = fixture("nemotron-h-tiny")
+@pytest.mark.parametrize("name", MODELS)
+def test_folder_with_window_loads_windowed(tmp_path, name):
+    """The shipped fixtures carry their 16-token window; a copy without the field loads with
+    full attention, one with another window with that one."""
+    shipped, _ = fixture(name)
     assert attention_window(shipped.config) == 16
     assert shipped.config._attn_implementation == WINDOW_ATTENTION
-    src = fixture_path("nemotron-h-tiny")
+    src = fixture_path(name)
     for window in (None, 32):
         dst = tmp_path / f"w{window}"
         shutil.copytree(src, dst)

@@ -844,6 +844,7 @@ def probe_training_markdown(pt: dict | None) -> list[str]:
             f"dropout {run['residual_dropout']}; attention "
             f"{f'limited to the last {window} tokens' if window else 'over the whole context'}; "
             f"{run.get('carry_rule', 'table')} chains; shipped step {run['selected_step']}."
+            + (f" GDN layers through {run['gdn_kernel']}." if run.get("gdn_kernel") else "")
             + (f" Cut off: {run['cut_off']}." if run.get("cut_off") else ""))
     lines += [
         f"- Mix: {d['probe_mix']:.0%} of each batch probe sequences, the rest play windows. Stages "

@@ -73,6 +73,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gdn_training as gdn  # noqa: E402
 import train_fixtures as tf  # noqa: E402
 
 DEFAULT_DATA = ROOT / ".probe-data"
@@ -401,8 +402,6 @@ def set_window(model, window: int | None) -> None:
     window is saved in the config, so the shipped model loads with it."""
     if window is None:
         return
-    if model.config.model_type != "nemotron_h":
-        raise SystemExit("--attention-window is supported for nemotron-h-tiny only")
     model.config.sliding_window = window
     apply_attention_window(model)
 
@@ -626,6 +625,7 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
         "init": Path(os.path.relpath(Path(args.init_from).resolve(), ROOT)).as_posix(),
         "stages": args.stages, "steps": step, "attention_window": attn_window,
         "carry_rule": args.carry_rule,
+        **({"gdn_kernel": args.gdn_kernel} if name == "qwen3.5-tiny" else {}),
         "selected_step": best["step"],
         "steps_per_window": {str(k): v for k, v in phase_steps.items()},
         "batch_size": {str(LENGTHS[0]): args.batch_size, str(LENGTHS[1]): max(1, args.batch_size // 2)},
@@ -668,27 +668,16 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
     tf.log(f"{name}: wrote {out}")
 
 
-def compile_gdn_chunk() -> None:
-    """Train Qwen3.5's Gated DeltaNet through ``torch.compile`` of transformers' chunked
-    reference (FLA's chunked backward refuses Triton < 3.7.1 on Hopper). Compiled for the
-    training shapes only (grad enabled); generation and validation stay eager; any compile
-    failure falls back to eager for good."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-
-    eager = mq.torch_chunk_gated_delta_rule
-    compiled = torch.compile(eager, dynamic=False)
-    state = {"ok": True}
-
-    def chunk(*a, **kw):
-        if state["ok"] and torch.is_grad_enabled():
-            try:
-                return compiled(*a, **kw)
-            except Exception as exc:  # noqa: BLE001 - any compiler failure means eager
-                state["ok"] = False
-                tf.log(f"torch.compile of the GDN chunk failed ({type(exc).__name__}); eager from now")
-        return eager(*a, **kw)
-
-    mq.torch_chunk_gated_delta_rule = chunk
+def _gdn_kernels(args) -> str:
+    """FLA (``--fla-gdn``, after its check), else the compiled (``--compile-gdn``) or plain
+    torch reference: never FLA's guarded backward unchecked. Returns what is used."""
+    if args.fla_gdn:
+        config = json.loads((Path(args.init_from) / "qwen3.5-tiny" / "config.json").read_text())
+        shapes = {"heads": config["linear_num_value_heads"], "dk": config["linear_key_head_dim"],
+                  "dv": config["linear_value_head_dim"]}
+        if used := gdn.use_fla(torch.device(args.device), tf.log, **shapes):
+            return used
+    return gdn.compile_reference(tf.log) if args.compile_gdn else gdn.use_reference()
 
 
 def train(args) -> int:
@@ -706,8 +695,7 @@ def train(args) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     tf.install_fast_mamba2_scan()
-    if args.compile_gdn:
-        compile_gdn_chunk()
+    args.gdn_kernel = _gdn_kernels(args) if "qwen3.5-tiny" in names else None
     tok = Tokenizer.from_file(str(tok_file))
     gut = tf._gutenberg()
     train_texts, held_texts = gut.split_plays(data_dir / "gutenberg")
@@ -766,7 +754,11 @@ def parse_args(argv=None):
                    "or 'carry' (mostly carry chains; for a continuation that already retrieves)")
     t.add_argument("--compile-gdn", action="store_true", help="train Qwen3.5's GDN layers "
                    "through torch.compile of transformers' chunked reference")
-    t.add_argument("--attention-window", type=int, default=None, help="limit nemotron-h-tiny's "
+    t.add_argument("--fla-gdn", action="store_true", help="train and generate Qwen3.5's GDN "
+                   "layers through FLA's kernels (fla-core installed), after comparing their "
+                   "output and gradients with the reference on the device (tools/gdn_training.py); "
+                   "the reference (--compile-gdn: compiled) when they differ")
+    t.add_argument("--attention-window", type=int, default=None, help="limit the fixture's "
                    "attention to the last N tokens (saved as the config's sliding_window), so "
                    "that the probes' answers must pass through the SSM state")
     t.add_argument("--carry-rule", choices=("table", "shift"), default="table", help="carry-chain "

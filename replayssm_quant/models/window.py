@@ -4,9 +4,10 @@ A fixture whose attention layer sees the whole context answers every retrieval f
 KV cache, so the precision of the SSM state can never change an answer. Limiting attention to
 the last ``sliding_window`` tokens makes anything further back pass through the SSM state,
 which is what an accuracy probe of state precision needs. ``NemotronHConfig`` has a
-``sliding_window`` field that its modeling code does not read; this module registers an
-attention implementation (``transformers.AttentionInterface``) that applies it, and
-:func:`apply_attention_window` switches a loaded model to it when its config sets a window.
+``sliding_window`` field that its modeling code does not read, and Qwen3.5's text config has
+none; this module registers an attention implementation (``transformers.AttentionInterface``)
+that applies it, and :func:`apply_attention_window` switches a loaded model of either kind to it
+when its config sets a window.
 
 The window counts keys, not positions: the query at key index ``i`` sees keys ``i - W + 1 .. i``
 (``W = sliding_window``), within the mask transformers builds (causality and padding). Left
@@ -20,10 +21,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["WINDOW_ATTENTION", "apply_attention_window", "attention_window", "band_mask"]
+__all__ = ["WINDOW_ATTENTION", "WINDOW_MODEL_TYPES", "apply_attention_window", "attention_window",
+           "band_mask"]
 
 WINDOW_ATTENTION = "replayssm_window"
 """Name of the registered attention implementation (sdpa with a key-window band)."""
+
+WINDOW_MODEL_TYPES = frozenset({"nemotron_h", "qwen3_5", "qwen3_5_text"})
+"""Model types whose attention goes through ``AttentionInterface`` without reading
+``sliding_window`` (their modeling code gives every attention layer the whole context)."""
 
 _registered = False
 
@@ -83,9 +89,10 @@ def attention_window(config: Any) -> int | None:
 
 def apply_attention_window(model: torch.nn.Module) -> torch.nn.Module:
     """Switch ``model`` to the windowed attention when its config sets ``sliding_window`` and
-    its modeling code ignores it (NemotronH); other models are returned unchanged."""
+    its modeling code ignores it (:data:`WINDOW_MODEL_TYPES`); other models are returned
+    unchanged."""
     config = model.config
-    if attention_window(config) is None or getattr(config, "model_type", "") != "nemotron_h":
+    if attention_window(config) is None or getattr(config, "model_type", "") not in WINDOW_MODEL_TYPES:
         return model
     register()
     model.set_attn_implementation(WINDOW_ATTENTION)
