@@ -24,16 +24,14 @@ RULER training items held out of training and carry-chain problems of seed 202; 
 checkpoint (worst task's accuracy / target) is written to ``<out>/<model>/`` at once, so a run
 cut short still leaves it. At the end it measures held-out bits per byte, the decay spectrum and
 accuracy on 100 held-out check items per task (seed 0, ``eval``'s items) and writes
-``model.safetensors``, ``card.json`` and ``card.md``. The commands that trained the shipped
-nemotron-h-tiny, on one H100 with ``.probe-data`` carried to the machine and without
-``fla-core`` on the path (with it, transformers trains Qwen3.5's GDN layers through FLA's
-chunked kernels, whose backward refuses Triton < 3.7.1 on Hopper)::
+``model.safetensors``, ``card.json`` and ``card.md``. The shipped fixtures were trained on one
+H100 with ``.probe-data`` carried to the machine, attention limited to 16 tokens, on shift
+chains (each card lists its runs). qwen3.5-tiny, with fla-core 0.6.0 on the path
+(``--fla-gdn``: ``gdn_training.py``)::
 
-    python3 tools/train_probes.py train --models nemotron-h-tiny --data .probe-data \
-      --device cuda --minutes 7 --probe-mix 0.75 --val-seconds 50 --out $OUT
-    python3 tools/train_probes.py train --models nemotron-h-tiny --data .probe-data \
-      --device cuda --init-from <run 1's folder> --stages carry --lr 3e-4 --warmup 20 \
-      --minutes 3 --probe-mix 0.75 --val-seconds 40 --out $OUT
+    python3 tools/train_probes.py train --models qwen3.5-tiny --data .probe-data \
+      --device cuda --fla-gdn --attention-window 16 --carry-rule shift --probe-mix 0.75 \
+      --val-seconds 50 --select-n 24 --check-n 100 --minutes 6.5 --out $OUT
 
 CPU smoke run::
 
