@@ -100,8 +100,6 @@ CASES: list[tuple[str, list[str], str]] = [
      "nope"),
     ("eval-unknown-carry-rule", ["eval", "nemotron-h-tiny", "--tasks", "carry_chain",
                                  "--carry-rule", "nope", "--out", "{tmp}/o"], "--carry-rule"),
-    ("eval-fixture-without-probe-training", ["eval", "qwen3.5-tiny", "--tasks", "carry_chain",
-                                             "--out", "{tmp}/o"], "no probe training"),
     # case 9: no warnings before the error line for data that holds nothing usable
     ("drift-only-short-documents", [*DRIFT, "--data", "{tmp}/tiny", "--out", "{tmp}/o"],
      "tokens needed"),
@@ -199,6 +197,30 @@ def test_user_error_is_one_line_and_exit_2(args, expected, scratch, monkeypatch)
     assert [ln for ln in result.stderr.splitlines() if ln.strip()] == lines
     assert seconds < 30, f"{seconds:.1f} s: the error should come before any long work"
     assert not (scratch / "o").exists() or not any((scratch / "o").iterdir())
+
+
+def test_fixture_without_probe_training_is_refused(tmp_path, monkeypatch):
+    """A fixture whose card has no probe training scores 0 on the probes under every config:
+    ``eval`` refuses it in one line and names a fixture that has it."""
+    import importlib
+    import json
+    import shutil
+
+    fixture_mod = importlib.import_module("replayssm_quant.models.fixture")
+
+    root = tmp_path / "fixtures"
+    for name in fixture_mod.FIXTURES:
+        shutil.copytree(fixture_mod.fixture_path(name), root / name)
+    card = json.loads((root / "qwen3.5-tiny" / "card.json").read_text())
+    del card["probe_training"]
+    (root / "qwen3.5-tiny" / "card.json").write_text(json.dumps(card))
+    monkeypatch.setattr(fixture_mod, "_ROOT", root)
+    result = CliRunner().invoke(app, ["eval", "qwen3.5-tiny", "--tasks", "carry_chain",
+                                      "--out", str(tmp_path / "o")])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "qwen3.5-tiny has no probe training" in lines[0] and "use nemotron-h-tiny" in lines[0]
+    assert not (tmp_path / "o").exists()
 
 
 _RICH_TAG = re.compile(r"(?<!\\)\[[a-zA-Z#/@][^\]\[]*\]")
