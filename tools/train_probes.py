@@ -623,7 +623,8 @@ def train_one(name: str, args, tok, corpus, data, meta) -> None:
         "init": Path(os.path.relpath(Path(args.init_from).resolve(), ROOT)).as_posix(),
         "stages": args.stages, "steps": step, "attention_window": attn_window,
         "carry_rule": args.carry_rule,
-        **({"gdn_kernel": args.gdn_kernel} if name == "qwen3.5-tiny" else {}),
+        # a finished cut-off run trained elsewhere: its kernel is not this process's
+        **({"gdn_kernel": args.gdn_kernel} if name == "qwen3.5-tiny" and not args.finish_log else {}),
         "selected_step": best["step"],
         "steps_per_window": {str(k): v for k, v in phase_steps.items()},
         "batch_size": {str(LENGTHS[0]): args.batch_size, str(LENGTHS[1]): max(1, args.batch_size // 2)},
